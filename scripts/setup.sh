@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything keel builds against, idempotently:
+#   - Debian packages (compiler toolchain, yaml-cpp, CLI11, spdlog/fmt, GoogleTest, nlohmann-json,
+#     xxHash, SentencePiece, zstd, ccache, fortunes corpus);
+#   - LibTorch from the pinned `torch` wheel into a per-user cache shared by every clone
+#     ($KEEL_CACHE, default ~/.cache/keel), so a fresh clone never downloads it again.
+# Prints the LibTorch CMake prefix on its last line. A second run with everything present takes seconds.
+set -euo pipefail
+
+TORCH_VERSION="2.11.0"   # pinned; the GPU machine runs the same release
+NUMPY_VERSION="2.3.5"
+CACHE="${KEEL_CACHE:-$HOME/.cache/keel}"
+VENV="$CACHE/torch-$TORCH_VERSION"
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config python3-venv
+  libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev fortunes
+)
+
+log() { echo "[setup] $*" >&2; }
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}" >&2
+fi
+
+stamp="$VENV/.keel-complete"
+if [ ! -f "$stamp" ]; then
+  log "installing torch==$TORCH_VERSION into $VENV (once per machine)"
+  mkdir -p "$CACHE"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" >&2
+  touch "$stamp"
+fi
+"$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'

@@ -1,0 +1,574 @@
+#include "checkpoint/checkpointer.h"
+
+#include <fcntl.h>  // AT_FDCWD
+#include <fmt/format.h>
+#include <signal.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/tensor_file.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace keel::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "MANIFEST.json";
+constexpr const char* kFormat = "keel-checkpoint";
+constexpr int kFormatVersion = 1;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string rank_file(const char* stem, int rank, const char* ext) {
+  return fmt::format("{}.rank{}.{}", stem, rank, ext);
+}
+
+// step_<digits>, nothing else: temporary and deleted directories never parse as checkpoints.
+std::optional<int64_t> parse_step_dir(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    if (__builtin_mul_overflow(step, 10, &step) || __builtin_add_overflow(step, name[i] - '0', &step))
+      return std::nullopt;
+  }
+  return step;
+}
+
+// The pid of NAME.tmp-<pid>, if the name has that shape.
+std::optional<pid_t> tmp_owner(const std::string& name) {
+  auto pos = name.rfind(".tmp-");
+  if (pos == std::string::npos || pos + 5 >= name.size()) return std::nullopt;
+  long pid = 0;
+  for (size_t i = pos + 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || pid > 1'000'000'000) return std::nullopt;
+    pid = pid * 10 + (name[i] - '0');
+  }
+  return static_cast<pid_t>(pid);
+}
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+struct Entry {
+  fs::path path;
+  std::string name;
+  int64_t step = 0;
+  int64_t created_ns = 0;
+  bool stable = false;
+  bool manifest_ok = false;
+};
+
+int64_t mtime_ns(const fs::path& p) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0) return 0;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+// Committed checkpoints, most recently written first.
+std::vector<Entry> list_checkpoints(const fs::path& dir) {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    std::string name = de.path().filename().string();
+    auto step = parse_step_dir(name);
+    if (!step || !de.is_directory()) continue;
+    Entry e{de.path(), name, *step};
+    try {
+      Manifest m = read_manifest(de.path());
+      e.created_ns = m.created_unix_ns;
+      e.stable = m.stable;
+      e.manifest_ok = true;
+    } catch (const CheckpointError&) {
+      e.created_ns = mtime_ns(de.path());
+    }
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.created_ns != b.created_ns ? a.created_ns > b.created_ns : a.step > b.step;
+  });
+  return out;
+}
+
+// The directory name a pointer file holds, if the file exists and is not empty.
+std::optional<std::string> read_pointer(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  std::string s;
+  try {
+    s = read_file(file);
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(0, 1);
+  if (s.empty()) return std::nullopt;
+  return s;
+}
+
+std::string utc_now_iso(std::chrono::system_clock::time_point now) {
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+[[noreturn]] void checksum_mismatch(const fs::path& p, const std::string& actual,
+                                    const std::string& expected) {
+  throw CheckpointError(p.string() + ": checksum mismatch (xxh3 " + actual + ", " + kManifest +
+                        " says " + expected +
+                        "): the file is corrupt\nHINT: resume from another checkpoint "
+                        "(--resume latest falls back to the newest one that verifies)");
+}
+
+// Compares a digest with the manifest's entry for `name`; throws naming the file.
+void check_digest(const fs::path& dir, const Manifest& m, const std::string& name,
+                  const FileDigest& d) {
+  const ManifestFile& f = m.files.at(name);
+  if (d.size != f.size)
+    throw CheckpointError((dir / name).string() + ": " + std::to_string(d.size) + " bytes, " +
+                          kManifest + " says " + std::to_string(f.size) + " (truncated?)");
+  if (xxh3_hex(d.xxh3) != f.xxh3) checksum_mismatch(dir / name, xxh3_hex(d.xxh3), f.xxh3);
+}
+
+const ManifestFile& listed(const fs::path& dir, const Manifest& m, const std::string& name) {
+  auto it = m.files.find(name);
+  if (it == m.files.end())
+    throw CheckpointError((dir / kManifest).string() + ": does not list " + name);
+  return it->second;
+}
+
+// Reads a safetensors file of the checkpoint, checking its checksum in the same pass. When the
+// file does not even parse, the checksum decides the message: corruption is the likelier cause.
+TensorMap load_tensors(const fs::path& dir, const Manifest& m, const std::string& name) {
+  const ManifestFile& f = listed(dir, m, name);
+  FileDigest d;
+  SafetensorsContents c;
+  try {
+    c = read_safetensors(dir / name, &d);
+  } catch (const CheckpointError&) {
+    std::error_code ec;
+    if (fs::exists(dir / name, ec)) {
+      FileDigest actual = hash_file(dir / name);
+      if (xxh3_hex(actual.xxh3) != f.xxh3) checksum_mismatch(dir / name, xxh3_hex(actual.xxh3), f.xxh3);
+    }
+    throw;
+  }
+  check_digest(dir, m, name, d);
+  return std::move(c.tensors);
+}
+
+std::string load_text(const fs::path& dir, const Manifest& m, const std::string& name) {
+  listed(dir, m, name);
+  std::string s = read_file(dir / name);
+  check_digest(dir, m, name, {s.size(), XXH3_64bits(s.data(), s.size())});
+  return s;
+}
+
+// A deep CPU copy, taken on the caller's thread, so training may modify the originals at once.
+std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch::Tensor>& in) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [k, t] : in)
+    out.emplace(k, t.detach().to(torch::TensorOptions().device(torch::kCPU), /*non_blocking=*/false,
+                                 /*copy=*/true, torch::MemoryFormat::Contiguous));
+  return out;
+}
+
+void remove_quietly(const fs::path& p) {
+  std::error_code ec;
+  remove_tree(p, ec);
+  if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+Manifest read_manifest(const fs::path& dir) {
+  fs::path p = dir / kManifest;
+  std::error_code ec;
+  if (!fs::exists(p, ec))
+    throw CheckpointError(p.string() +
+                          ": missing (not a checkpoint, or one whose save did not finish)");
+  std::string text = read_file(p);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw CheckpointError(p.string() + ": not valid JSON (the manifest is corrupt)");
+  Manifest m;
+  try {
+    if (j.value("format", std::string()) != kFormat)
+      throw CheckpointError(p.string() + ": \"format\" is not \"" + kFormat + "\"");
+    m.step = j.at("step").get<int64_t>();
+    m.world_size = j.at("world_size").get<int>();
+    m.stable = j.at("stable").get<bool>();
+    m.keel_version = j.value("keel_version", std::string());
+    m.config_hash = j.value("config_hash", std::string());
+    m.created = j.value("created", std::string());
+    m.created_unix_ns = j.value("created_unix_ns", int64_t{0});
+    for (const auto& [name, f] : j.at("files").items()) {
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+        throw CheckpointError(p.string() + ": file name '" + name + "' is not a plain name");
+      m.files[name] = {f.at("size").get<uint64_t>(), f.at("xxh3").get<std::string>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(p.string() + ": malformed manifest: " + e.what());
+  }
+  return m;
+}
+
+VerifyResult verify_checkpoint(const fs::path& dir) {
+  Manifest m;
+  try {
+    m = read_manifest(dir);
+  } catch (const CheckpointError& e) {
+    return {false, e.what()};
+  }
+  std::vector<std::string> required = {"model.safetensors", "trainer_state.json"};
+  for (int r = 0; r < m.world_size; ++r) required.push_back(rank_file("optimizer", r, "safetensors"));
+  for (const auto& name : required)
+    if (!m.files.count(name))
+      return {false, (dir / kManifest).string() + ": does not list " + name};
+  for (const auto& [name, f] : m.files) {
+    fs::path p = dir / name;
+    std::error_code ec;
+    auto size = fs::file_size(p, ec);
+    if (ec) return {false, p.string() + ": missing (" + ec.message() + ")"};
+    if (size != f.size)
+      return {false, p.string() + ": " + std::to_string(size) + " bytes, " + kManifest + " says " +
+                         std::to_string(f.size) + " (truncated?)"};
+    try {
+      FileDigest d = hash_file(p);
+      if (xxh3_hex(d.xxh3) != f.xxh3)
+        return {false, p.string() + ": checksum mismatch (xxh3 " + xxh3_hex(d.xxh3) + ", " +
+                           kManifest + " says " + f.xxh3 + "): the file is corrupt"};
+    } catch (const CheckpointError& e) {
+      return {false, e.what()};
+    }
+  }
+  return {true, ""};
+}
+
+std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir, const std::string& which) {
+  if (which != "latest" && which != "stable") {
+    fs::path p = which;
+    std::error_code ec;
+    if (!fs::is_directory(p, ec))
+      throw CheckpointError(p.string() + ": no such checkpoint directory");
+    // A checkpoints directory (holds LATEST or step_*), not a checkpoint: take its latest.
+    if (!fs::exists(p / kManifest, ec) &&
+        (fs::exists(p / "LATEST", ec) || !list_checkpoints(p).empty())) {
+      auto r = resolve_checkpoint(p, "latest");
+      if (!r) throw CheckpointError(p.string() + ": holds no checkpoint that verifies");
+      return r;
+    }
+    VerifyResult v = verify_checkpoint(p);
+    if (!v.ok)
+      throw CheckpointError(v.problem +
+                            "\nHINT: --resume latest falls back to the newest checkpoint that verifies");
+    return p;
+  }
+
+  const bool want_stable = which == "stable";
+  const fs::path pointer = checkpoints_dir / (want_stable ? "STABLE" : "LATEST");
+  std::string failure;
+  fs::path named;
+  if (auto target = read_pointer(pointer)) {
+    named = checkpoints_dir / *target;
+    std::error_code ec;
+    if (!fs::is_directory(named, ec)) {
+      failure = pointer.string() + " names " + *target + ", which does not exist";
+    } else {
+      VerifyResult v = verify_checkpoint(named);
+      if (v.ok && want_stable && !read_manifest(named).stable) v = {false, named.string() + " is not marked stable"};
+      if (v.ok) return named;
+      failure = v.problem;
+    }
+  } else {
+    failure = pointer.string() + " is missing";
+  }
+
+  std::vector<Entry> candidates;
+  for (auto& c : list_checkpoints(checkpoints_dir))
+    if (c.path != named && (!want_stable || (c.manifest_ok && c.stable))) candidates.push_back(c);
+  if (candidates.empty() && named.empty()) return std::nullopt;  // a fresh directory: no news
+  const char* kind = want_stable ? "stable " : "";
+  log::warn("ckpt", "{}; falling back to the newest {}checkpoint that verifies", failure, kind);
+  for (const auto& c : candidates) {
+    VerifyResult v = verify_checkpoint(c.path);
+    if (v.ok) {
+      log::warn("ckpt", "using {}", c.path.string());
+      return c.path;
+    }
+    log::warn("ckpt", "skipping {}: {}", c.path.string(), v.problem);
+  }
+  log::warn("ckpt", "no {}checkpoint in {} verifies", kind, checkpoints_dir.string());
+  return std::nullopt;
+}
+
+CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
+  Manifest m = read_manifest(dir);
+  if (m.world_size != world_size)
+    throw CheckpointError(dir.string() + ": written by " + std::to_string(m.world_size) +
+                          " rank(s), this run has " + std::to_string(world_size) +
+                          "\nHINT: resume with the same number of ranks (resharding is not "
+                          "supported yet)");
+  CheckpointData d;
+  d.model = load_tensors(dir, m, "model.safetensors");
+  d.optimizer = load_tensors(dir, m, rank_file("optimizer", rank, "safetensors"));
+  std::string extra = rank_file("extra", rank, "safetensors");
+  if (m.files.count(extra)) d.extra_tensors = load_tensors(dir, m, extra);
+  std::string state = load_text(dir, m, "trainer_state.json");
+  d.trainer_state = nlohmann::json::parse(state, nullptr, false);
+  if (d.trainer_state.is_discarded())
+    throw CheckpointError((dir / "trainer_state.json").string() + ": not valid JSON");
+  if (m.files.count("config.yaml")) d.config_yaml = load_text(dir, m, "config.yaml");
+  return d;
+}
+
+Checkpointer::Checkpointer(fs::path checkpoints_dir, const config::CheckpointConfig& cfg, int rank,
+                           int world_size, std::string keel_version, std::string config_hash,
+                           Barrier barrier)
+    : dir_(std::move(checkpoints_dir)),
+      cfg_(cfg),
+      rank_(rank),
+      world_size_(world_size),
+      keel_version_(std::move(keel_version)),
+      config_hash_(std::move(config_hash)),
+      barrier_(barrier ? std::move(barrier) : Barrier([] {})) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw CheckpointError(dir_.string() + ": cannot create checkpoint directory: " + ec.message());
+  if (rank_ == 0) remove_stale_tmp();
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    log::error("ckpt", "background checkpoint save failed: {}", e.what());
+  }
+}
+
+void Checkpointer::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (writer_error_) {
+    auto e = writer_error_;
+    writer_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
+  auto t0 = std::chrono::steady_clock::now();
+  if (step < 0) throw CheckpointError("checkpoint step must be >= 0, got " + std::to_string(step));
+  wait();
+  fs::path final_dir = dir_ / step_dir_name(step);
+  if (!cfg_.async) {
+    write_checkpoint(step, data, stable);
+    last_stall_s_ = last_write_s_ = seconds_since(t0);
+    return final_dir;
+  }
+  data.model = snapshot(data.model);
+  data.optimizer = snapshot(data.optimizer);
+  data.extra_tensors = snapshot(data.extra_tensors);
+  writer_ = std::thread([this, step, stable, d = std::move(data)] {
+    auto t1 = std::chrono::steady_clock::now();
+    try {
+      write_checkpoint(step, d, stable);
+      last_write_s_ = seconds_since(t1);
+    } catch (...) {
+      writer_error_ = std::current_exception();
+    }
+  });
+  last_stall_s_ = seconds_since(t0);
+  return final_dir;
+}
+
+void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bool stable) {
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string name = step_dir_name(step);
+  const fs::path final_dir = dir_ / name;
+  const std::string tmp_prefix = name + ".tmp-";
+  fs::path staging;
+  if (rank_ == 0) {
+    remove_stale_tmp();
+    staging = dir_ / (tmp_prefix + std::to_string(::getpid()));
+    if (::mkdir(staging.c_str(), 0755) != 0) throw_io_error(staging, "cannot create", errno);
+  }
+  if (world_size_ > 1) {
+    barrier_();  // #1: the staging directory exists
+    if (rank_ != 0) {
+      std::error_code ec;
+      for (const auto& de : fs::directory_iterator(dir_, ec)) {
+        std::string n = de.path().filename().string();
+        if (n.compare(0, tmp_prefix.size(), tmp_prefix) == 0 && de.is_directory()) {
+          if (!staging.empty())
+            throw CheckpointError(dir_.string() + ": more than one staging directory for " + name +
+                                  " (another run writing here?)");
+          staging = de.path();
+        }
+      }
+      if (staging.empty())
+        throw CheckpointError(dir_.string() + ": rank 0's staging directory for " + name +
+                              " is not visible (checkpoint.dir must be on a shared filesystem)");
+    }
+  }
+
+  uint64_t total_bytes = 0;
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  auto record = [&](const std::string& file, const FileDigest& d) {
+    files[file] = {{"size", d.size}, {"xxh3", xxh3_hex(d.xxh3)}};
+    total_bytes += d.size;
+  };
+  try {
+    const StringMap meta = {{"format", "pt"}, {"keel_version", keel_version_},
+                            {"step", std::to_string(step)}};
+    if (rank_ == 0)
+      record("model.safetensors", write_safetensors(staging / "model.safetensors", data.model, meta));
+    std::string opt = rank_file("optimizer", rank_, "safetensors");
+    record(opt, write_safetensors(staging / opt, data.optimizer, meta));
+    std::string extra = rank_file("extra", rank_, "safetensors");
+    record(extra, write_safetensors(staging / extra, data.extra_tensors, meta));
+    if (rank_ == 0) {
+      record("trainer_state.json", write_new_file(staging / "trainer_state.json",
+                                                  data.trainer_state.dump(2) + "\n"));
+      record("config.yaml", write_new_file(staging / "config.yaml", data.config_yaml));
+    } else {
+      write_new_file(staging / rank_file("files", rank_, "json"), files.dump(2) + "\n");
+    }
+  } catch (...) {
+    if (rank_ == 0) remove_quietly(staging);
+    throw;
+  }
+  if (world_size_ > 1) barrier_();  // #2: every rank's files are on disk
+
+  if (rank_ == 0) {
+    try {
+      for (int r = 1; r < world_size_; ++r) {
+        std::string listing = rank_file("files", r, "json");
+        std::string text = read_file(staging / listing);  // throws naming the file if absent
+        auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+        if (j.is_discarded() || !j.is_object())
+          throw CheckpointError((staging / listing).string() + ": not valid JSON");
+        for (auto& [k, v] : j.items()) {
+          files[k] = v;
+          total_bytes += v.at("size").get<uint64_t>();
+        }
+        record(listing, {text.size(), XXH3_64bits(text.data(), text.size())});
+      }
+      auto now = std::chrono::system_clock::now();
+      nlohmann::ordered_json manifest = {
+          {"format", kFormat},
+          {"format_version", kFormatVersion},
+          {"step", step},
+          {"world_size", world_size_},
+          {"stable", stable},
+          {"keel_version", keel_version_},
+          {"config_hash", config_hash_},
+          {"created", utc_now_iso(now)},
+          {"created_unix_ns",
+           std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()},
+          {"files", files},
+      };
+      write_new_file(staging / kManifest, manifest.dump(2) + "\n");
+      fsync_dir(staging);
+      if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
+        // step_N exists already (saved again after a rollback or resume): swap atomically so a
+        // reader sees the old or the new checkpoint, then drop the old one (now at `staging`).
+        if (errno != EEXIST && errno != ENOTEMPTY) throw_io_error(final_dir, "rename failed", errno);
+        if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+          throw_io_error(final_dir, "rename (exchange) failed", errno);
+      }
+      fsync_dir(dir_);
+    } catch (...) {
+      remove_quietly(staging);
+      throw;
+    }
+    remove_quietly(staging);  // the replaced checkpoint, if any; absent otherwise
+    replace_file_atomic(dir_ / "LATEST", name + "\n");
+    if (stable) replace_file_atomic(dir_ / "STABLE", name + "\n");
+    log::info("ckpt", "saved {}{} ({:.1f} MB in {:.2f} s)", final_dir.string(),
+              stable ? " (stable)" : "", total_bytes / 1e6, seconds_since(t0));
+    apply_retention();
+  }
+  if (world_size_ > 1) barrier_();  // #3: committed; no rank runs ahead of the rename
+}
+
+void Checkpointer::promote_to_stable(int64_t step) {
+  wait();
+  if (rank_ != 0) return;
+  const std::string name = step_dir_name(step);
+  const fs::path dir = dir_ / name;
+  VerifyResult v = verify_checkpoint(dir);
+  if (!v.ok) throw CheckpointError("cannot promote " + name + " to stable: " + v.problem);
+  auto j = nlohmann::ordered_json::parse(read_file(dir / kManifest));
+  j["stable"] = true;
+  replace_file_atomic(dir / kManifest, j.dump(2) + "\n");
+  replace_file_atomic(dir_ / "STABLE", name + "\n");
+  log::info("ckpt", "promoted {} to stable", dir.string());
+  apply_retention();
+}
+
+std::optional<fs::path> Checkpointer::resolve(const std::string& which) {
+  wait();
+  return resolve_checkpoint(dir_, which);
+}
+
+CheckpointData Checkpointer::load(const fs::path& dir) {
+  wait();
+  return load_checkpoint(dir, rank_, world_size_);
+}
+
+void Checkpointer::apply_retention() {
+  auto entries = list_checkpoints(dir_);
+  auto latest = read_pointer(dir_ / "LATEST");
+  auto stable_ptr = read_pointer(dir_ / "STABLE");
+  int64_t ordinary = 0, stable = 0;
+  for (const auto& e : entries) {
+    bool keep = (latest && *latest == e.name) || (stable_ptr && *stable_ptr == e.name);
+    if (e.stable) keep |= cfg_.stable.keep <= 0 || stable++ < cfg_.stable.keep;
+    else keep |= cfg_.keep_last <= 0 || ordinary++ < cfg_.keep_last;
+    if (keep) continue;
+    // Rename first: a deletion cut short leaves a *.tmp-<pid> (cleaned later), never a step_N
+    // with files missing.
+    fs::path doomed = dir_ / (e.name + ".del.tmp-" + std::to_string(::getpid()));
+    if (::rename(e.path.c_str(), doomed.c_str()) != 0) {
+      log::warn("ckpt", "retention: could not remove {}: {}", e.path.string(), std::strerror(errno));
+      continue;
+    }
+    remove_quietly(doomed);
+  }
+  remove_stale_tmp();
+}
+
+void Checkpointer::remove_stale_tmp() {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& de : fs::directory_iterator(dir_, ec)) {
+    auto pid = tmp_owner(de.path().filename().string());
+    // Our own pid: nothing of ours is in flight when this runs (saves are serialized).
+    if (pid && (*pid == ::getpid() || !process_alive(*pid))) stale.push_back(de.path());
+  }
+  for (const auto& p : stale) {
+    log::info("ckpt", "removing leftover {}", p.string());
+    remove_quietly(p);
+  }
+}
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,163 @@
+// Atomic, verified, complete checkpoints (DESIGN.md, "Run directory"):
+//
+//   CHECKPOINTS/step_00001000/            one committed checkpoint (a reader never sees a partial one)
+//     model.safetensors                   rank 0: weights (Hugging Face-loadable)
+//     optimizer.rank{r}.safetensors       rank r: its fp32 optimizer state
+//     extra.rank{r}.safetensors           rank r: RNG states, loss scaler, ... (uint8 etc. tensors)
+//     files.rank{r}.json                  rank r > 0 only: sizes + checksums of its files
+//     trainer_state.json                  rank 0: step, schedule, data position, guard, counters
+//     config.yaml                         rank 0: the resolved config
+//     MANIFEST.json                       rank 0, written last: every file with size and xxh3-64,
+//                                         keel version, config hash, step, world size, stable flag
+//   CHECKPOINTS/LATEST, STABLE            one line naming the newest committed / stable checkpoint
+//
+// Commit protocol (save): files are written into step_N.tmp-<pid>, each fsynced, MANIFEST last,
+// the directory fsynced, renamed to step_N, the parent fsynced; only then are LATEST (and STABLE)
+// replaced (temp file + fsync + rename). Any write error (ENOSPC, EIO, ...) throws CheckpointError
+// naming the file, removes the temporary directory and leaves earlier checkpoints and pointers as
+// they were. Saving a step that already exists replaces it atomically (rename exchange).
+//
+// Multi-rank (world_size > 1): all ranks share one staging directory. rank 0 creates it, then
+// barrier(); every rank writes its files (ranks > 0 also files.rank{r}.json); barrier(); rank 0
+// folds files.rank*.json into MANIFEST, commits and updates the pointers; barrier(). So rank 0
+// renames only after every rank finished. The barrier must be a collective every rank reaches,
+// with a timeout (a failed rank otherwise leaves the others waiting). In async mode it is called
+// from the writer thread: use an out-of-band barrier (c10d Store), not the training process group.
+// The staging name carries rank 0's pid; stale-directory detection (kill(pid, 0)) is per host.
+//
+// Retention (rank 0, after each save and promotion): the newest checkpoint.keep_last non-stable
+// plus the newest stable.keep stable checkpoints stay, and whatever LATEST or STABLE names;
+// "newest" means most recently written (MANIFEST created time), so after a rollback the abandoned
+// trajectory ages out instead of crowding out new checkpoints. keep_last <= 0 keeps everything.
+// Leftover *.tmp-<pid> entries of dead processes are removed (construction and each save).
+//
+// Thread-safety: one Checkpointer is used from one thread. The async writer thread is internal;
+// every method other than last_stall_seconds() first waits for it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "config/schema.h"
+
+namespace keel::checkpoint {
+
+// What a checkpoint holds. Tensors may live on any device; they are read back on CPU.
+struct CheckpointData {
+  std::map<std::string, torch::Tensor> model;
+  std::map<std::string, torch::Tensor> optimizer;      // this rank's
+  std::map<std::string, torch::Tensor> extra_tensors;  // RNG states (uint8), loss-scaler state, ...
+  nlohmann::json trainer_state;  // step, schedule, data position, guard state, counters (opaque)
+  std::string config_yaml;
+};
+
+struct ManifestFile {
+  uint64_t size = 0;
+  std::string xxh3;  // 16 lowercase hex digits
+};
+
+struct Manifest {
+  int64_t step = 0;
+  int world_size = 1;
+  bool stable = false;
+  std::string keel_version;
+  std::string config_hash;
+  std::string created;          // UTC, ISO 8601
+  int64_t created_unix_ns = 0;  // orders checkpoints by write time
+  std::map<std::string, ManifestFile> files;
+};
+
+struct VerifyResult {
+  bool ok = false;
+  std::string problem;  // empty when ok; otherwise names the file and what is wrong
+};
+
+// "step_00001000" (at least 8 digits).
+std::string step_dir_name(int64_t step);
+
+// Parses DIR/MANIFEST.json; throws CheckpointError naming it when missing or malformed.
+Manifest read_manifest(const std::filesystem::path& dir);
+
+// Checks MANIFEST, then every listed file's existence, size and xxh3. Reads every byte.
+VerifyResult verify_checkpoint(const std::filesystem::path& dir);
+
+// which = "latest" | "stable" | a checkpoint directory. For latest/stable: the pointer's target if
+// it verifies; otherwise (pointer missing, dangling or target corrupt) the most recently written
+// step_* that verifies (for "stable": that is also stable), with a warning naming what failed and
+// what is used. nullopt when there is none. A path is returned if it verifies; otherwise (missing,
+// corrupt) CheckpointError — the user named it, so silently using another one would be wrong.
+std::optional<std::filesystem::path> resolve_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                                        const std::string& which);
+
+// Verifies the files this rank needs (MANIFEST, model, trainer_state, config, this rank's
+// optimizer/extra) while reading them, in one pass; CheckpointError names the failing file.
+// Throws when the checkpoint was written with a different world size (resharding: TODO(#ckpt)).
+CheckpointData load_checkpoint(const std::filesystem::path& dir, int rank = 0, int world_size = 1);
+
+class Checkpointer {
+ public:
+  using Barrier = std::function<void()>;
+
+  // `checkpoints_dir` is created if absent. `config_hash` and `keel_version` go into MANIFEST.
+  Checkpointer(std::filesystem::path checkpoints_dir, const config::CheckpointConfig& cfg, int rank,
+               int world_size, std::string keel_version, std::string config_hash,
+               Barrier barrier = {});
+  // Waits for an in-flight async save; its error is logged, not thrown.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Saves `data` as step_N (step >= 0) and returns its final path. Sync: returns once committed.
+  // Async (checkpoint.async): waits for the previous save (rethrowing its error), copies the
+  // tensors to CPU, returns; a background thread writes and commits. Errors: CheckpointError.
+  std::filesystem::path save(int64_t step, CheckpointData data, bool stable = false);
+
+  // Blocks until no save is in flight; rethrows the error of a failed background save (once).
+  void wait();
+
+  // Seconds the last save() blocked its caller (sync: the whole save; async: waiting for the
+  // previous save + copying tensors). last_write_seconds: wall time the last finished write took
+  // (in async mode, on the background thread).
+  double last_stall_seconds() const { return last_stall_s_; }
+  double last_write_seconds() const { return last_write_s_; }
+
+  // Marks an existing checkpoint stable: rewrites its MANIFEST atomically, points STABLE at it,
+  // applies retention. rank 0 does the work; other ranks return at once.
+  void promote_to_stable(int64_t step);
+
+  // See resolve_checkpoint / load_checkpoint; these wait for an in-flight save first.
+  std::optional<std::filesystem::path> resolve(const std::string& which);
+  CheckpointData load(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  void write_checkpoint(int64_t step, const CheckpointData& data, bool stable);
+  void apply_retention();
+  void remove_stale_tmp();
+
+  std::filesystem::path dir_;
+  config::CheckpointConfig cfg_;
+  int rank_;
+  int world_size_;
+  std::string keel_version_;
+  std::string config_hash_;
+  Barrier barrier_;
+
+  std::thread writer_;           // the in-flight async save, if joinable
+  std::exception_ptr writer_error_;
+  double last_stall_s_ = 0.0;
+  std::atomic<double> last_write_s_{0.0};  // set by whichever thread wrote
+};
+
+}  // namespace keel::checkpoint

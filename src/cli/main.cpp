@@ -1,0 +1,38 @@
+// keel's command line. Every error surfaces here and becomes an exit code:
+// 0 success, 2 the user's input is wrong, 3 the run stopped itself on purpose, anything else a bug.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel: a stability-first trainer for transformer language models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", KEEL_VERSION);
+  int exit_code = 0;
+  keel::cli::register_validate(app, exit_code);
+  keel::cli::register_train(app, exit_code);
+  keel::cli::register_prepare(app, exit_code);
+  keel::cli::register_inspect(app, exit_code);
+  try {
+    app.parse(argc, argv);
+    return exit_code;
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : keel::kExitUserError;
+  } catch (const keel::UserError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return keel::kExitUserError;
+  } catch (const keel::Interrupted& e) {
+    std::cerr << e.what() << "; a checkpoint was written, resume with --resume latest\n";
+    return e.exit_code();
+  } catch (const keel::RunStopped& e) {
+    std::cerr << "stopped: " << e.what() << "\n";
+    return keel::kExitRunStopped;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error (a bug in keel, please report it): " << e.what() << "\n";
+    return keel::kExitBug;
+  }
+}

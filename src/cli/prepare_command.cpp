@@ -1,0 +1,92 @@
+// `keel prepare`: raw text -> training shards (src/data/prepare.h does the work).
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "data/prepare.h"
+
+namespace keel::cli {
+
+void register_prepare(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<data::PrepareOptions>();
+  auto shingle = std::make_shared<std::string>("word");
+  auto no_exact = std::make_shared<bool>(false);
+  auto no_near = std::make_shared<bool>(false);
+  auto* sub = app.add_subcommand("prepare",
+                                 "turn raw text (files, dirs, globs; text or JSONL; "
+                                 "gzip/zstd) into verified training shards");
+  sub->add_option("--input", o->inputs, "input files, directories or globs")->required();
+  sub->add_option("--output", o->output, "dataset directory to write")->required();
+  sub->add_option("--tokenizer", o->tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
+      ->capture_default_str();
+  sub->add_option("--format", o->input.format, "auto | text | jsonl")->capture_default_str();
+  sub->add_option("--text-field", o->input.text_field, "JSONL key holding the text")
+      ->capture_default_str();
+  sub->add_option(
+      "--separator", o->input.separator,
+      "text: a line equal to this separates documents (default: one document per file)");
+  sub->add_option("--dedup-threshold", o->minhash.threshold,
+                  "Jaccard similarity at which documents are near duplicates")
+      ->capture_default_str();
+  sub->add_option("--num-perm", o->minhash.num_perm, "MinHash permutations")->capture_default_str();
+  sub->add_option("--bands", o->minhash.bands, "LSH bands (num_perm / bands rows each)")
+      ->capture_default_str();
+  sub->add_option("--shingle", *shingle, "word | char")
+      ->check(CLI::IsMember({"word", "char"}))
+      ->capture_default_str();
+  sub->add_option("--shingle-size", o->minhash.shingle_size, "words or characters per shingle")
+      ->capture_default_str();
+  sub->add_flag("--no-exact-dedup", *no_exact, "keep exact duplicates");
+  sub->add_flag("--no-near-dedup", *no_near, "skip MinHash near-duplicate removal");
+  sub->add_option("--min-length", o->length.min_length, "remove documents shorter (bytes)")
+      ->capture_default_str();
+  sub->add_option("--max-length", o->length.max_length, "remove documents longer (bytes; 0 = none)")
+      ->capture_default_str();
+  sub->add_option("--drop-percentile-tails", o->length.drop_percentile_tails,
+                  "P: also remove the shortest and longest P percent")
+      ->capture_default_str();
+  sub->add_option("--val-fraction", o->val_fraction, "share of documents for the val split")
+      ->capture_default_str();
+  sub->add_option("--seq-len", o->seq_len, "training window length the data is packed for")
+      ->capture_default_str();
+  sub->add_option("--keep-whole", o->keep_whole,
+                  "share of window-sized documents started on a window boundary instead of split")
+      ->capture_default_str();
+  sub->add_option("--cluster", o->cluster, "index cluster id: hash | source (input file)")
+      ->check(CLI::IsMember({"hash", "source"}))
+      ->capture_default_str();
+  sub->add_option("--shard-tokens", o->shard_tokens, "tokens per shard file")
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "worker threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed for MinHash, the split and keep-whole")
+      ->capture_default_str();
+  sub->callback([o, shingle, no_exact, no_near, &exit_code, sub] {
+    log::init(0, 1);
+    o->minhash.char_shingles = *shingle == "char";
+    o->exact_dedup = !*no_exact;
+    o->near_dedup = !*no_near;
+    std::string command = "keel prepare";
+    for (const auto& in : o->inputs) command += " --input " + in;
+    command += " --output " + o->output + " --tokenizer " + o->tokenizer;
+    for (const auto* opt : sub->get_options()) {
+      const std::string name = opt->get_name();
+      if (opt->count() == 0 || name == "--input" || name == "--output" || name == "--tokenizer" ||
+          name == "--help")
+        continue;
+      command += " " + name;
+      for (const auto& r : opt->results()) command += " " + r;
+    }
+    o->command = command;
+    auto report = data::prepare(*o);
+    std::cout << "[data] " << o->output << ": " << report["documents_in"] << " documents in, "
+              << report["exact_duplicates"] << " exact and " << report["near_duplicates"]
+              << " near duplicates, " << report["removed_by_length"] << " removed by length, "
+              << report["documents_out"] << " documents / " << report["tokens_out"]
+              << " tokens out (report: " << o->output << "/report.txt)\n";
+    exit_code = 0;
+  });
+}
+
+}  // namespace keel::cli

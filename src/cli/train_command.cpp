@@ -1,0 +1,38 @@
+#include <CLI/CLI.hpp>
+
+#include "cli/config_args.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "dist/communicator.h"
+#include "train/trainer.h"
+
+namespace keel::cli {
+
+void register_train(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto options = std::make_shared<train::TrainOptions>();
+  auto* sub = app.add_subcommand("train", "train a model");
+  add_config_options(*sub, *args);
+  sub->add_option("--run-dir", options->run_dir, "run directory (default: run.out_dir/run.name)");
+  sub->add_option("--resume", options->resume,
+                  "latest | stable | a checkpoint directory; `latest` with no checkpoint yet "
+                  "starts fresh, so a restart loop can always pass it");
+  sub->callback([args, options, &exit_code] {
+    auto loaded = load(*args);
+    auto diagnostics = loaded.diagnostics;
+    auto more = config::validate(loaded);
+    diagnostics.insert(diagnostics.end(), more.begin(), more.end());
+    config::sort_diagnostics(diagnostics);
+    int errors = print_diagnostics(diagnostics);
+    if (errors > 0)
+      throw ConfigError(std::to_string(errors) + " config error(s); run `keel validate` for the list");
+
+    dist::SingleProcess comm;
+    log::init(comm.rank(), comm.world_size());
+    train::Trainer trainer(loaded.config, config::to_yaml(loaded.config), *options, comm);
+    trainer.run();
+    exit_code = 0;
+  });
+}
+
+}  // namespace keel::cli

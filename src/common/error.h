@@ -1,0 +1,63 @@
+// The one error hierarchy of keel. Every error is caught in main(), which maps it to an exit code:
+//   2  the user's input is wrong (config, flags, data) — UserError and its children;
+//   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall) — RunStopped;
+//   anything else is a bug.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace keel {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitBug = 1;
+inline constexpr int kExitUserError = 2;
+inline constexpr int kExitRunStopped = 3;
+
+// Something the user gave us is wrong. The message names the file/key/flag and what would be valid.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class ConfigError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+class DataError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// A checkpoint that cannot be read or verified. A user error: they pointed us at it.
+class CheckpointError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// Process-group setup or collective failures.
+class DistError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The run decided to stop (exit 3): the message says what it saw and why.
+class RunStopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// SIGTERM/SIGINT arrived (a scheduler's preemption, a Ctrl-C): the run finished its step, saved a
+// checkpoint, and exits 128 + signal (143 or 130) so a restart loop can tell it from a failure.
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(int signal)
+      : std::runtime_error("interrupted by signal " + std::to_string(signal)), signal_(signal) {}
+  int exit_code() const { return 128 + signal_; }
+
+ private:
+  int signal_;
+};
+
+}  // namespace keel

@@ -1,0 +1,490 @@
+// The pre-launch checks of validate.h. One function per config section states its rules through a
+// Checker, which attaches each key's location (LoadedConfig::where) and words the messages the same
+// way everywhere: what the key must be, and what it was. Errors come first, then warnings, each by
+// location.
+#include "config/validate.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <tuple>
+
+namespace keel::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Shortest round-trip text of a double, so messages show exactly what the user wrote ("3e-4",
+// not to_chars' "3e-04").
+std::string num(double v) {
+  char buffer[64];
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v);
+  std::string text(buffer, end);
+  const size_t exponent = text.find('e');
+  if (exponent == std::string::npos) return text;
+  const size_t digits = exponent + 2;  // after the sign
+  while (text.size() > digits + 1 && text[digits] == '0') text.erase(digits, 1);
+  if (text[exponent + 1] == '+') text.erase(exponent + 1, 1);
+  return text;
+}
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string human_bytes(double bytes) {
+  char buffer[32];
+  if (bytes >= 1e12) {
+    std::snprintf(buffer, sizeof buffer, "%.1f TB", bytes / 1e12);
+  } else if (bytes >= 1e9) {
+    std::snprintf(buffer, sizeof buffer, "%.1f GB", bytes / 1e9);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.1f MB", bytes / 1e6);
+  }
+  return buffer;
+}
+
+std::string human_count(double n) {
+  char buffer[32];
+  if (n >= 1e9) {
+    std::snprintf(buffer, sizeof buffer, "%.1fB", n / 1e9);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.1fM", n / 1e6);
+  }
+  return buffer;
+}
+
+// Saturates instead of overflowing: a typo such as d_model: 1e12 must give a message, not UB.
+int64_t to_int64(double v) {
+  constexpr double kMax = static_cast<double>(std::numeric_limits<int64_t>::max());
+  return v >= kMax ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+}
+
+int64_t checkpoint_bytes_for(int64_t parameters) {
+  constexpr double kBytesPerParameter = 4 + 8;  // fp32 weights + AdamW's two fp32 moments
+  constexpr double kStateBytes = 1 << 20;       // trainer state, manifest, RNG: well under 1 MiB
+  return to_int64(static_cast<double>(parameters) * kBytesPerParameter + kStateBytes);
+}
+
+// Collects diagnostics; every rule is phrased "must be ..." with the value found. Comparisons are
+// written so that NaN fails them.
+class Checker {
+ public:
+  explicit Checker(const LoadedConfig& loaded) : loaded_(loaded) {}
+
+  void error(const std::string& key, const std::string& message) {
+    out_.push_back({Diagnostic::Severity::kError, key, loaded_.where(key), message});
+  }
+  void warning(const std::string& key, const std::string& message) {
+    out_.push_back({Diagnostic::Severity::kWarning, key, loaded_.where(key), message});
+  }
+
+  void one_of(const std::string& key, const std::string& value,
+              std::initializer_list<const char*> valid) {
+    std::string list;
+    for (const char* option : valid) {
+      if (value == option) return;
+      list += (list.empty() ? "" : "|") + std::string(option);
+    }
+    error(key, "must be one of " + list + " (got '" + value + "')");
+  }
+
+  void at_least(const std::string& key, int64_t value, int64_t min) {
+    if (value < min) error(key, "must be >= " + num(min) + " (got " + num(value) + ")");
+  }
+
+  // value in the interval from lo to hi; `open` ends exclude their bound.
+  enum class Ends { kClosed, kOpen, kOpenLow, kOpenHigh };
+  void in_range(const std::string& key, double value, double lo, double hi, Ends ends) {
+    const bool low_open = ends == Ends::kOpen || ends == Ends::kOpenLow;
+    const bool high_open = ends == Ends::kOpen || ends == Ends::kOpenHigh;
+    const bool ok = (low_open ? value > lo : value >= lo) && (high_open ? value < hi : value <= hi);
+    if (ok) return;
+    const std::string range = std::string(low_open ? "(" : "[") + num(lo) + ", " +
+                              (std::isinf(hi) ? "inf" : num(hi)) + (high_open ? ")" : "]");
+    error(key, "must be in " + range + " (got " + num(value) + ")");
+  }
+  void positive(const std::string& key, double value) {
+    if (!(value > 0)) error(key, "must be > 0 (got " + num(value) + ")");
+  }
+
+  const LoadedConfig& loaded() const { return loaded_; }
+  std::vector<Diagnostic>& diagnostics() { return out_; }
+
+ private:
+  const LoadedConfig& loaded_;
+  std::vector<Diagnostic> out_;
+};
+
+using Ends = Checker::Ends;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void check_run(Checker& c, const RunConfig& run) {
+  if (run.name.empty()) c.error("run.name", "must not be empty (it names the run directory)");
+  c.at_least("run.max_steps", run.max_steps, 1);
+  c.one_of("run.device", run.device, {"auto", "cpu", "cuda"});
+  c.one_of("run.precision", run.precision, {"bf16", "fp16", "fp32"});
+  c.at_least("run.threads", run.threads, 0);
+  if (run.precision == "fp16")
+    c.warning("run.precision", "fp16 needs loss scaling; bf16 is safer where supported");
+}
+
+void check_model_shape(Checker& c, const ModelConfig& m) {
+  if (m.d_model < 1 || m.n_heads < 1) return;  // already reported as ranges
+  if (m.d_model % m.n_heads != 0) {
+    c.error("model.n_heads", "must divide model.d_model (" + num(m.d_model) +
+                                 ") evenly, since the "
+                                 "head dim is d_model / n_heads (got " +
+                                 num(m.n_heads) + ")");
+    return;
+  }
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
+    c.error("model.n_kv_heads", "must divide model.n_heads (" + num(m.n_heads) +
+                                    ") so query heads "
+                                    "share key/value heads evenly (got " +
+                                    num(m.n_kv_heads) + ")");
+  }
+  const int64_t head_dim = m.d_model / m.n_heads;
+  if (m.arch == "llama" && head_dim % 2 != 0) {
+    c.error("model.d_model",
+            "llama's rotary embedding (RoPE) needs an even head dim, but d_model / "
+            "n_heads = " +
+                num(head_dim));
+  }
+}
+
+void check_model(Checker& c, const ModelConfig& m) {
+  c.one_of("model.arch", m.arch, {"llama", "gpt2"});
+  c.at_least("model.vocab_size", m.vocab_size, 2);
+  c.at_least("model.d_model", m.d_model, 1);
+  c.at_least("model.n_layers", m.n_layers, 1);
+  c.at_least("model.n_heads", m.n_heads, 1);
+  c.at_least("model.n_kv_heads", m.n_kv_heads, 0);
+  c.at_least("model.seq_len", m.seq_len, 1);
+  c.at_least("model.d_ff", m.d_ff, 0);
+  c.in_range("model.dropout", m.dropout, 0, 1, Ends::kOpenHigh);
+  c.in_range("model.z_loss", m.z_loss, 0, kInf, Ends::kOpenHigh);
+  c.positive("model.init_std", m.init_std);
+  check_model_shape(c, m);
+}
+
+void check_loader(Checker& c, const LoaderConfig& l) {
+  c.at_least("data.loader.workers", l.workers, 0);
+  c.at_least("data.loader.queue_capacity", l.queue_capacity, 1);
+  // The loader refills when the queue drops to low and pauses producers at high: 0 <= low < high <=
+  // capacity.
+  if (l.low_watermark < 0) {
+    c.at_least("data.loader.low_watermark", l.low_watermark, 0);
+  } else if (l.low_watermark >= l.high_watermark) {
+    c.error("data.loader.low_watermark", "must be below data.loader.high_watermark (" +
+                                             num(l.high_watermark) + ") (got " +
+                                             num(l.low_watermark) + ")");
+  }
+  if (l.high_watermark > l.queue_capacity) {
+    c.error("data.loader.high_watermark", "must be <= data.loader.queue_capacity (" +
+                                              num(l.queue_capacity) + ") (got " +
+                                              num(l.high_watermark) + ")");
+  }
+  c.positive("data.loader.stall_timeout_s", l.stall_timeout_s);
+}
+
+void check_data(Checker& c, const DataConfig& d) {
+  c.one_of("data.source", d.source, {"synthetic", "shards"});
+  if (d.source == "shards" && d.path.empty()) {
+    c.error("data.source",
+            "shards needs data.path, the directory `keel prepare` wrote (it is empty)");
+  }
+  c.at_least("data.micro_batch_size", d.micro_batch_size, 1);
+  c.at_least("data.grad_accum_steps", d.grad_accum_steps, 1);
+  c.one_of("data.sampling", d.sampling, {"stratified", "random", "sequential"});
+  c.at_least("data.buckets", d.buckets, 1);
+  c.at_least("data.min_clusters_per_batch", d.min_clusters_per_batch, 1);
+  check_loader(c, d.loader);
+  c.in_range("data.consumed_tolerance", d.consumed_tolerance, 0, 1, Ends::kOpen);
+  c.at_least("data.synthetic_branching", d.synthetic_branching, 1);
+  c.in_range("data.synthetic_zipf", d.synthetic_zipf, 0, kInf, Ends::kOpenHigh);
+}
+
+void check_optim(Checker& c, const OptimConfig& o, const RunConfig& run) {
+  c.one_of("optim.name", o.name, {"adamw", "lion"});
+  c.in_range("optim.lr", o.lr, 0, 1, Ends::kOpenLow);
+  if (o.betas.size() != 2) {
+    c.error("optim.betas",
+            "must be exactly 2 values [beta1, beta2] (got " + num(int64_t(o.betas.size())) + ")");
+  } else {
+    c.in_range("optim.betas", o.betas[0], 0, 1, Ends::kOpen);
+    c.in_range("optim.betas", o.betas[1], 0, 1, Ends::kOpen);
+    if (o.betas[1] >= 0.999 && o.betas[1] < 1 && run.max_steps >= 10000) {
+      c.warning("optim.betas", "β2=" + num(o.betas[1]) +
+                                   " reacts slowly to late-training gradient "
+                                   "jitter; 0.95 is the usual choice");
+    }
+  }
+  c.positive("optim.eps", o.eps);
+  c.in_range("optim.weight_decay", o.weight_decay, 0, 0.1, Ends::kClosed);
+  if (o.weight_decay > 0.05 && o.weight_decay <= 0.1) {
+    c.warning("optim.weight_decay",
+              "weight_decay " + num(o.weight_decay) +
+                  " is above 0.05: this "
+                  "much decoupled decay visibly shrinks weights; make sure it is intended");
+  }
+  c.positive("optim.grad_clip", o.grad_clip);
+  c.one_of("optim.clip_mode", o.clip_mode, {"global", "adaptive"});
+  c.positive("optim.adaptive_clip_z", o.adaptive_clip_z);
+  c.one_of("optim.fused", o.fused, {"auto", "on", "off"});
+}
+
+void check_schedule(Checker& c, const ScheduleConfig& s, int64_t max_steps) {
+  c.one_of("schedule.kind", s.kind, {"cosine", "three_phase", "constant"});
+  c.at_least("schedule.warmup_steps", s.warmup_steps, 0);
+  if (max_steps >= 1 && s.warmup_steps >= max_steps) {
+    c.error("schedule.warmup_steps", "must be below run.max_steps (" + num(max_steps) + ") (got " +
+                                         num(s.warmup_steps) + ")");
+  }
+  c.in_range("schedule.min_lr_ratio", s.min_lr_ratio, 0, 1, Ends::kClosed);
+  c.in_range("schedule.phases.warmup", s.phases.warmup, 0, 1, Ends::kClosed);
+  c.in_range("schedule.phases.stable", s.phases.stable, 0, 1, Ends::kClosed);
+  c.in_range("schedule.phases.decay", s.phases.decay, 0, 1, Ends::kClosed);
+  const double sum = s.phases.warmup + s.phases.stable + s.phases.decay;
+  if (!(std::fabs(sum - 1.0) <= 1e-6)) {
+    c.error("schedule.phases", "warmup + stable + decay must sum to 1 (got " + num(sum) + ")");
+  }
+}
+
+void check_stability(Checker& c, const StabilityConfig& s) {
+  c.at_least("stability.median_window", s.median_window, 1);
+  c.in_range("stability.warn_factor", s.warn_factor, 1, kInf, Ends::kOpen);
+  if (!(s.pause_factor > s.warn_factor)) {
+    c.error("stability.pause_factor", "must be above stability.warn_factor (" + num(s.warn_factor) +
+                                          ") (got " + num(s.pause_factor) + ")");
+  }
+  c.one_of("stability.nan_policy", s.nan_policy, {"skip", "pause", "abort"});
+  c.at_least("stability.max_consecutive_nan", s.max_consecutive_nan, 1);
+  c.positive("stability.update_ratio_alarm", s.update_ratio_alarm);
+  c.in_range("stability.loss_alarm_factor", s.loss_alarm_factor, 1, kInf, Ends::kOpen);
+  c.in_range("stability.clip_rate_warn", s.clip_rate_warn, 0, 1, Ends::kOpenLow);
+  c.at_least("stability.rollback.max_rollbacks", s.rollback.max_rollbacks, 0);
+  c.at_least("stability.recovery.steps", s.recovery.steps, 0);
+  c.in_range("stability.recovery.lr_factor", s.recovery.lr_factor, 0, 1, Ends::kOpenLow);
+  c.at_least("stability.top_k_samples", s.top_k_samples, 0);
+}
+
+void check_periodic(Checker& c, const Config& cfg) {
+  c.at_least("checkpoint.every_steps", cfg.checkpoint.every_steps, 0);
+  c.at_least("checkpoint.keep_last", cfg.checkpoint.keep_last, 1);
+  c.at_least("checkpoint.stable.every_steps", cfg.checkpoint.stable.every_steps, 0);
+  c.at_least("checkpoint.stable.keep", cfg.checkpoint.stable.keep, 1);
+  c.at_least("checkpoint.stable.window", cfg.checkpoint.stable.window, 0);
+  c.at_least("eval.every_steps", cfg.eval.every_steps, 0);
+  c.at_least("eval.batches", cfg.eval.batches, 1);
+  c.at_least("logging.every_steps", cfg.logging.every_steps, 0);
+  c.one_of("logging.progress", cfg.logging.progress, {"auto", "on", "off"});
+}
+
+void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& run) {
+  c.one_of("distributed.backend", d.backend, {"auto", "nccl", "gloo"});
+  if (d.backend == "nccl" && run.device == "cpu") {
+    c.error("distributed.backend", "nccl needs CUDA, but run.device is cpu; use gloo or auto");
+  }
+  c.positive("distributed.timeout_s", d.timeout_s);
+  c.positive("distributed.bucket_mb", d.bucket_mb);
+  if (d.zero != 0 && d.zero != 1)
+    c.error("distributed.zero", "must be 0 or 1 (got " + num(d.zero) + ")");
+}
+
+void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    const std::string key = "faults[" + std::to_string(i) + "]";
+    c.one_of(key + ".kind", f.kind,
+             {"corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples", "crash"});
+    c.at_least(key + ".at_step", f.at_step, 0);
+    c.at_least(key + ".steps", f.steps, 1);
+    if (f.kind == "corrupt_batch")
+      c.one_of(key + ".mode", f.mode, {"random_tokens", "repeat_token", "shuffled"});
+    if (f.kind == "lr_spike") c.positive(key + ".factor", f.factor);
+    if (f.kind == "drop_samples") c.in_range(key + ".factor", f.factor, 0, 1, Ends::kOpenLow);
+    if (f.kind == "loader_stall") c.positive(key + ".seconds", f.seconds);
+  }
+}
+
+// A [lo, hi] pair of a validated combination; reports and returns false when malformed.
+bool check_pair(Checker& c, const std::string& key, const std::vector<double>& pair) {
+  if (pair.size() != 2) {
+    c.error(key, "must be exactly 2 values [lo, hi] (got " + num(int64_t(pair.size())) + ")");
+    return false;
+  }
+  if (!(pair[0] <= pair[1])) {
+    c.error(key, "lo must be <= hi (got [" + num(pair[0]) + ", " + num(pair[1]) + "])");
+    return false;
+  }
+  return true;
+}
+
+// A production config may only run at (lr, global batch) points someone has validated.
+void check_validated(Checker& c, const Config& cfg, int64_t world_size) {
+  const auto& combos = cfg.production.validated;
+  if (combos.empty()) return;
+  bool well_formed = true;
+  for (size_t i = 0; i < combos.size(); ++i) {
+    const std::string key = "production.validated[" + std::to_string(i) + "]";
+    well_formed &= check_pair(c, key + ".lr", combos[i].lr);
+    well_formed &= check_pair(c, key + ".global_batch", combos[i].global_batch);
+  }
+  if (!well_formed) return;
+  const double lr = cfg.optim.lr;
+  const int64_t global_batch = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world_size;
+  std::string listed;
+  for (const auto& combo : combos) {
+    const double gb = static_cast<double>(global_batch);
+    if (combo.lr[0] <= lr && lr <= combo.lr[1] && combo.global_batch[0] <= gb &&
+        gb <= combo.global_batch[1])
+      return;
+    listed += std::string(listed.empty() ? "" : ", ") + "{lr [" + num(combo.lr[0]) + ", " +
+              num(combo.lr[1]) + "], global_batch [" + num(combo.global_batch[0]) + ", " +
+              num(combo.global_batch[1]) + "]}";
+  }
+  c.error("production.validated", "lr=" + num(lr) + ", global_batch=" + num(global_batch) +
+                                      " (micro_batch_size " + num(cfg.data.micro_batch_size) +
+                                      " x grad_accum_steps " + num(cfg.data.grad_accum_steps) +
+                                      " x world_size " + num(world_size) +
+                                      ") lies outside every validated combination: " + listed);
+}
+
+void check_vocab(Checker& c, const ModelConfig& m, int64_t data_vocab) {
+  if (m.vocab_size < data_vocab) {
+    c.error("model.vocab_size", "must be >= the data's vocabulary (" + num(data_vocab) + ") (got " +
+                                    num(m.vocab_size) +
+                                    "); larger token ids would index past the embedding");
+  } else if (m.vocab_size > 2 * data_vocab) {
+    c.warning("model.vocab_size", num(m.vocab_size) +
+                                      " is more than twice the data's vocabulary (" +
+                                      num(data_vocab) + "); the unused rows only cost memory");
+  }
+}
+
+fs::path checkpoint_dir(const Config& cfg) {
+  if (!cfg.checkpoint.dir.empty()) return cfg.checkpoint.dir;
+  return fs::path(cfg.run.out_dir) / cfg.run.name / "checkpoints";
+}
+
+// The directory that exists now and under which the checkpoint directory will be created.
+fs::path nearest_existing(fs::path p) {
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(p, ec)) {
+    const fs::path parent = p.parent_path();
+    if (parent == p) break;
+    p = parent;
+  }
+  return p.empty() ? fs::path(".") : p;
+}
+
+void check_filesystem(Checker& c, const Config& cfg, int64_t parameters) {
+  const fs::path dir = checkpoint_dir(cfg);
+  std::error_code ec;
+  fs::path existing = nearest_existing(dir);
+  existing = fs::canonical(existing, ec).empty() ? existing : fs::canonical(existing, ec);
+  if (!fs::is_directory(existing, ec)) {
+    c.error("checkpoint.dir",
+            "cannot create " + dir.string() + ": " + existing.string() + " is not a directory");
+    return;
+  }
+  if (access(existing.c_str(), W_OK) != 0) {
+    c.error("checkpoint.dir",
+            "cannot create " + dir.string() + ": " + existing.string() + " is not writable");
+    return;
+  }
+  struct statvfs fs_stat {};
+  if (statvfs(existing.c_str(), &fs_stat) != 0) return;  // unknown free space: nothing to say
+  const double free_bytes =
+      static_cast<double>(fs_stat.f_bavail) * static_cast<double>(fs_stat.f_frsize);
+  // The kept checkpoints plus the one being written before the oldest is deleted.
+  const int64_t copies = std::max<int64_t>(cfg.checkpoint.keep_last, 0) +
+                         std::max<int64_t>(cfg.checkpoint.stable.keep, 0) + 1;
+  const double each = static_cast<double>(checkpoint_bytes_for(parameters));
+  const double needed = each * static_cast<double>(copies);
+  if (free_bytes < needed) {
+    c.error("checkpoint.dir", "checkpoints need about " + human_bytes(needed) + " (" + num(copies) +
+                                  " x " + human_bytes(each) +
+                                  ": keep_last + stable.keep + 1 in flight) but only " +
+                                  human_bytes(free_bytes) + " is free under " + existing.string());
+  }
+}
+
+void warn_short_warmup(Checker& c, const ScheduleConfig& s, int64_t parameters) {
+  if (parameters > 1'000'000'000 && s.warmup_steps < 2000) {
+    c.warning("schedule.warmup_steps",
+              num(s.warmup_steps) + " warmup steps is short for a model of ~" +
+                  human_count(double(parameters)) +
+                  " parameters; large models often diverge early without >= 2000");
+  }
+}
+
+}  // namespace
+
+// Errors before warnings; within each, file locations in line order, then --set flags in order.
+void sort_diagnostics(std::vector<Diagnostic>& diagnostics) {
+  const auto rank = [](const Diagnostic& d) {
+    return std::make_tuple(d.severity == Diagnostic::Severity::kWarning, d.loc.file == "--set",
+                           d.loc.file, d.loc.line, d.loc.column);
+  };
+  std::stable_sort(diagnostics.begin(), diagnostics.end(),
+                   [&](const Diagnostic& a, const Diagnostic& b) { return rank(a) < rank(b); });
+}
+
+std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptions& options) {
+  Checker c(loaded);
+  const Config& cfg = loaded.config;
+  check_run(c, cfg.run);
+  check_model(c, cfg.model);
+  check_data(c, cfg.data);
+  check_optim(c, cfg.optim, cfg.run);
+  check_schedule(c, cfg.schedule, cfg.run.max_steps);
+  check_stability(c, cfg.stability);
+  check_periodic(c, cfg);
+  check_distributed(c, cfg.distributed, cfg.run);
+  check_faults(c, cfg.faults);
+  check_validated(c, cfg, options.world_size);
+  if (options.data_vocab_size) check_vocab(c, cfg.model, *options.data_vocab_size);
+  const int64_t parameters = options.parameter_count.value_or(estimate_parameters(cfg.model));
+  warn_short_warmup(c, cfg.schedule, parameters);
+  if (options.check_filesystem) check_filesystem(c, cfg, parameters);
+  std::vector<Diagnostic> out = std::move(c.diagnostics());
+  sort_diagnostics(out);
+  return out;
+}
+
+int64_t estimate_parameters(const ModelConfig& m) {
+  // C = d_model, V = vocab, H = heads, Hkv = key/value heads, D = head dim, F = MLP width.
+  const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
+  const double V = static_cast<double>(std::max<int64_t>(m.vocab_size, 0));
+  const double L = static_cast<double>(std::max<int64_t>(m.n_layers, 0));
+  const double H = static_cast<double>(std::max<int64_t>(m.n_heads, 1));
+  const double Hkv = static_cast<double>(std::max<int64_t>(effective_kv_heads(m), 1));
+  const double D = C / H;
+  const double F = static_cast<double>(std::max<int64_t>(effective_d_ff(m), 0));
+  const bool gpt2 = m.arch == "gpt2";
+
+  double embeddings = V * C * (m.tie_embeddings ? 1 : 2);
+  if (gpt2)
+    embeddings += static_cast<double>(std::max<int64_t>(m.seq_len, 0)) * C;  // learned positions
+  // Attention: q and o are C x C; k and v are C x (Hkv*D). gpt2 has biases, llama none.
+  double attention = 2 * C * C + 2 * C * Hkv * D;
+  if (gpt2) attention += 2 * C + 2 * Hkv * D;
+  // MLP: llama's SwiGLU has gate, up and down; gpt2 has up and down with biases.
+  const double mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
+  // Norms: two per layer plus a final one; LayerNorm (gpt2) has a bias, RMSNorm (llama) not.
+  const double norm = gpt2 ? 2 * C : C;
+  const double qk_norm = m.qk_norm ? 2 * D : 0;
+  return to_int64(embeddings + L * (attention + mlp + 2 * norm + qk_norm) + norm);
+}
+
+int64_t estimate_checkpoint_bytes(const Config& config) {
+  return checkpoint_bytes_for(estimate_parameters(config.model));
+}
+
+}  // namespace keel::config

@@ -1,0 +1,36 @@
+// The pre-launch checks over a merged config (Marian-style: a separate pass, before anything
+// allocates). `keel validate` prints these; `keel train` runs the same pass and refuses on errors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "config/load.h"
+
+namespace keel::config {
+
+struct ValidateOptions {
+  int64_t world_size = 1;                 // ranks that will share the global batch
+  bool check_filesystem = true;           // checkpoint dir writable, free space estimate
+  std::optional<int64_t> data_vocab_size; // vocabulary of the prepared data, when known
+  std::optional<int64_t> parameter_count; // when known (else estimated from the model shape)
+};
+
+// Every problem at once: range and enum rules, cross-key rules, production.validated combinations,
+// filesystem checks, and warnings for legal-but-risky settings. Errors first, then warnings, each
+// sorted by location (file lines in order, then --set flags in order). The loading diagnostics
+// (loaded.diagnostics: unknown keys, type errors, refused overrides) are not repeated here; a key
+// that failed to load keeps its default, so running both gives every independent problem.
+std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptions& options = {});
+
+// The order validate() uses: errors before warnings, then by location. For merging
+// loaded.diagnostics with validate()'s result into one list.
+void sort_diagnostics(std::vector<Diagnostic>& diagnostics);
+
+// Parameter count of the model shape (embeddings included, tied counted once), and the size of a
+// checkpoint for it in bytes (fp32 weights + fp32 AdamW moments + small state).
+int64_t estimate_parameters(const ModelConfig& model);
+int64_t estimate_checkpoint_bytes(const Config& config);
+
+}  // namespace keel::config

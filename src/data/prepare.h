@@ -1,0 +1,50 @@
+// `keel prepare`: raw text -> a dataset directory the loader can train on (format: shard_format.h).
+//
+// Two streaming passes over the inputs, so a corpus larger than memory works (memory grows with
+// the number of documents — a hash, a length and, for kept documents, a MinHash signature — never
+// with their text):
+//   1. read documents; in parallel compute length, normalised hash and MinHash signature; then, in
+//      corpus order (deterministic for any thread count), drop exact duplicates (same normalised
+//      hash) and near duplicates (LSH candidate with estimated Jaccard >= threshold); then fit the
+//      length filter (hard bounds + percentile tails) to the surviving lengths.
+//   2. read again; tokenize the kept documents in parallel; append them, each followed by the
+//      boundary token, to the train or val split (a seeded hash of the document decides).
+// meta.json is written last, atomically; report.json and report.txt say what each stage removed.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "data/minhash.h"
+#include "data/text_filters.h"
+#include "data/text_input.h"
+
+namespace keel::data {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files, directories, globs
+  std::string output;               // dataset directory (created; previous shards replaced)
+  std::string tokenizer = "byte";   // byte | spm:MODEL | spm-train:VOCAB
+  InputOptions input;
+  bool exact_dedup = true;
+  bool near_dedup = true;
+  MinHashConfig minhash;
+  LengthRules length;
+  double val_fraction = 0.0;     // share of kept documents in the val split
+  int64_t seq_len = 1024;        // training window the data is packed for
+  double keep_whole = 0.0;       // share of documents that fit a window started on a window
+                                 // boundary (the gap filled with boundary tokens), not split
+  std::string cluster = "hash";  // index cluster id: hash (of the text) | source (input file)
+  int64_t shard_tokens = int64_t{1} << 27;
+  int threads = 0;  // 0 = hardware concurrency
+  uint64_t seed = 1234;
+  std::string command;  // the command line, recorded in meta.json
+};
+
+// Runs the pipeline; returns report.json's content (also written to OUTPUT/report.json).
+// Throws DataError for unusable inputs or options.
+nlohmann::json prepare(const PrepareOptions& options);
+
+}  // namespace keel::data

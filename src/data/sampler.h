@@ -1,0 +1,51 @@
+// The data order: which training window sits at each global position. Positions run across epochs
+// (position g is index g % E of epoch g / E, E = epoch_length()), and every epoch's order is a pure
+// function of (sampler, seed, epoch), so a position is all the state a resumed run needs.
+//
+//   sequential  windows in stream order
+//   random      a seeded permutation per epoch
+//   stratified  windows grouped by bucket (their first document's cluster id mod `buckets`),
+//               shuffled within each bucket; every aligned chunk of `micro_batch` positions — one
+//               rank's micro-batch — takes one window from each of the min(min_clusters,
+//               micro_batch) fullest buckets, then fills up from the fullest buckets overall, so
+//               the constraint holds and the mix stays balanced to the end of the epoch. Windows
+//               the constraint cannot place (when one bucket dominates) wait for a later epoch.
+// E is a multiple of micro_batch, so a micro-batch never straddles two epochs; the < micro_batch
+// windows left over each epoch differ from epoch to epoch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel::data {
+
+struct SamplerConfig {
+  std::string kind = "stratified";  // stratified|random|sequential
+  uint64_t seed = 1234;
+  int64_t micro_batch = 8;
+  int64_t buckets = 16;
+  int64_t min_clusters = 2;
+};
+
+class SampleOrder {
+ public:
+  // `window_bucket[w]` in [0, buckets) for each window w (used by stratified only).
+  SampleOrder(SamplerConfig config, std::vector<uint32_t> window_bucket);
+  int64_t windows() const { return static_cast<int64_t>(bucket_.size()); }
+  int64_t epoch_length() const { return epoch_length_; }
+  // The window at global position g. Not thread-safe (caches the current epoch's order).
+  int64_t at(int64_t g);
+  uint32_t bucket_of(int64_t window) const { return bucket_[window]; }
+  const SamplerConfig& config() const { return config_; }
+
+ private:
+  std::vector<int64_t> build(int64_t epoch) const;
+  SamplerConfig config_;
+  std::vector<uint32_t> bucket_;
+  int64_t epoch_length_ = 0;
+  int64_t cached_epoch_ = -1;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace keel::data

@@ -1,0 +1,244 @@
+#include "data/text_input.h"
+
+#include <glob.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.h"
+
+namespace keel::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string strip_compression(const std::string& path) {
+  for (const char* ext : {".gz", ".zst", ".zstd"})
+    if (ends_with(path, ext)) return path.substr(0, path.size() - std::strlen(ext));
+  return path;
+}
+
+}  // namespace
+
+// A byte stream over a plain, gzip or zstd file.
+class DocumentReader::Stream {
+ public:
+  explicit Stream(const std::string& path) : path_(path) {
+    if (ends_with(path, ".zst") || ends_with(path, ".zstd")) {
+      file_ = std::fopen(path.c_str(), "rb");
+      if (!file_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+      zstd_ = ZSTD_createDStream();
+      ZSTD_initDStream(zstd_);
+      in_buf_.resize(ZSTD_DStreamInSize());
+    } else {
+      // gzopen reads uncompressed files transparently too.
+      gz_ = gzopen(path.c_str(), "rb");
+      if (!gz_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+      gzbuffer(gz_, 1 << 17);
+    }
+  }
+  ~Stream() {
+    if (gz_) gzclose(gz_);
+    if (zstd_) ZSTD_freeDStream(zstd_);
+    if (file_) std::fclose(file_);
+  }
+  // Up to `n` bytes; 0 at the end.
+  size_t read(char* out, size_t n) {
+    if (gz_) {
+      int got = gzread(gz_, out, static_cast<unsigned>(n));
+      if (got < 0) {
+        int err;
+        throw DataError(path_ + ": corrupt or truncated gzip input (" + gzerror(gz_, &err) + ")");
+      }
+      return static_cast<size_t>(got);
+    }
+    ZSTD_outBuffer ob{out, n, 0};
+    while (ob.pos == 0) {
+      if (in_.pos == in_.size) {
+        size_t got = std::fread(in_buf_.data(), 1, in_buf_.size(), file_);
+        if (got == 0) {
+          if (!frame_done_) throw DataError(path_ + ": truncated zstd input");
+          return 0;
+        }
+        in_ = {in_buf_.data(), got, 0};
+      }
+      size_t r = ZSTD_decompressStream(zstd_, &ob, &in_);
+      if (ZSTD_isError(r))
+        throw DataError(path_ + ": corrupt zstd input (" + ZSTD_getErrorName(r) + ")");
+      frame_done_ = r == 0;
+    }
+    return ob.pos;
+  }
+
+ private:
+  std::string path_;
+  gzFile gz_ = nullptr;
+  ZSTD_DStream* zstd_ = nullptr;
+  std::FILE* file_ = nullptr;
+  std::vector<char> in_buf_;
+  ZSTD_inBuffer in_{nullptr, 0, 0};
+  bool frame_done_ = true;
+};
+
+std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
+                                     const InputOptions& options,
+                                     std::vector<std::string>* skipped) {
+  if (options.format != "auto" && options.format != "text" && options.format != "jsonl")
+    throw DataError("--format " + options.format + ": expected auto, text or jsonl");
+  std::vector<std::string> paths;
+  for (const auto& spec : specs) {
+    std::vector<std::string> matched;
+    std::error_code ec;
+    if (fs::is_directory(spec, ec)) {
+      for (auto it = fs::recursive_directory_iterator(
+               spec, fs::directory_options::follow_directory_symlink, ec);
+           it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (ec) break;
+        if (fs::is_regular_file(it->path(), ec)) matched.push_back(it->path().string());
+      }
+    } else if (fs::is_regular_file(spec, ec)) {
+      matched.push_back(spec);
+    } else {
+      glob_t g;
+      if (::glob(spec.c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; ++i)
+          if (fs::is_regular_file(g.gl_pathv[i], ec)) matched.push_back(g.gl_pathv[i]);
+      }
+      globfree(&g);
+    }
+    if (matched.empty())
+      throw DataError("--input " + spec +
+                      ": matches no readable file; HINT: check the path or "
+                      "quote the glob");
+    std::sort(matched.begin(), matched.end());
+    paths.insert(paths.end(), matched.begin(), matched.end());
+  }
+  std::vector<InputFile> files;
+  std::set<std::string> seen;
+  for (const auto& p : paths) {
+    std::error_code ec;
+    auto canonical = fs::canonical(p, ec).string();
+    if (ec || !seen.insert(canonical).second) continue;  // the same file named twice
+    std::string base = strip_compression(p);
+    bool compressed = base != p;
+    if (!compressed) {
+      // A NUL byte in the first 4 KiB marks a binary file (e.g. fortune's .dat indexes).
+      std::FILE* f = std::fopen(p.c_str(), "rb");
+      if (!f) throw DataError(p + ": cannot open (" + std::strerror(errno) + ")");
+      char buf[4096];
+      size_t n = std::fread(buf, 1, sizeof buf, f);
+      std::fclose(f);
+      if (std::memchr(buf, 0, n)) {
+        if (skipped) skipped->push_back(p);
+        continue;
+      }
+    }
+    bool jsonl =
+        options.format == "jsonl" ||
+        (options.format == "auto" && (ends_with(base, ".jsonl") || ends_with(base, ".ndjson")));
+    files.push_back({p, jsonl});
+  }
+  if (files.empty()) throw DataError("--input: every matched file was skipped as binary");
+  return files;
+}
+
+DocumentReader::DocumentReader(std::vector<InputFile> files, InputOptions options)
+    : files_(std::move(files)), options_(std::move(options)) {}
+
+DocumentReader::~DocumentReader() = default;
+
+bool DocumentReader::open_next_file() {
+  stream_.reset();
+  if (++current_ >= static_cast<int64_t>(files_.size())) return false;
+  stream_ = std::make_unique<Stream>(files_[current_].path);
+  buffer_.clear();
+  buffer_pos_ = 0;
+  line_no_ = 0;
+  eof_ = false;
+  return true;
+}
+
+bool DocumentReader::read_line(std::string& line) {
+  line.clear();
+  while (true) {
+    size_t nl = buffer_.find('\n', buffer_pos_);
+    if (nl != std::string::npos) {
+      line.append(buffer_, buffer_pos_, nl + 1 - buffer_pos_);
+      buffer_pos_ = nl + 1;
+      ++line_no_;
+      return true;
+    }
+    line.append(buffer_, buffer_pos_, std::string::npos);
+    buffer_.clear();
+    buffer_pos_ = 0;
+    if (eof_) {
+      if (!line.empty()) ++line_no_;
+      return !line.empty();
+    }
+    buffer_.resize(1 << 16);
+    size_t n = stream_->read(buffer_.data(), buffer_.size());
+    buffer_.resize(n);
+    bytes_ += static_cast<int64_t>(n);
+    if (n == 0) eof_ = true;
+  }
+}
+
+bool DocumentReader::next(Document& doc) {
+  std::string line;
+  while (true) {
+    if (!stream_ && !open_next_file()) return false;
+    const InputFile& f = files_[current_];
+    doc.file = current_;
+    doc.text.clear();
+    if (f.jsonl) {
+      while (read_line(line)) {
+        if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        auto it = j.is_object() ? j.find(options_.text_field) : j.end();
+        if (!j.is_object() || it == j.end() || !it->is_string()) {
+          if (invalid_++ == 0)
+            first_invalid_ = f.path + ":" + std::to_string(line_no_) +
+                             ": not a JSON object with a string '" + options_.text_field + "'";
+          continue;
+        }
+        doc.text = it->get<std::string>();
+        doc.line = line_no_;
+        return true;
+      }
+    } else if (options_.separator.empty()) {
+      doc.line = 1;
+      while (read_line(line)) doc.text += line;
+      stream_.reset();
+      return true;
+    } else {
+      bool any = false;
+      while (read_line(line)) {
+        std::string_view content(line);
+        while (!content.empty() && (content.back() == '\n' || content.back() == '\r'))
+          content.remove_suffix(1);
+        if (content == options_.separator) {
+          if (any) return true;
+          continue;  // empty document between two separators
+        }
+        if (!any) doc.line = line_no_;
+        any = true;
+        doc.text += line;
+      }
+      if (any) return true;
+    }
+    stream_.reset();  // end of this file
+  }
+}
+
+}  // namespace keel::data

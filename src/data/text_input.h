@@ -1,0 +1,65 @@
+// The inputs of `keel prepare`: which files (paths, directories walked recursively, shell globs),
+// how to read them (plain, gzip, zstd by extension) and how to cut them into documents (a file per
+// document, documents separated by a line equal to a separator, or JSONL records with a text
+// field). Reading is streaming: one document at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace keel::data {
+
+struct InputOptions {
+  std::string format = "auto";      // auto|text|jsonl; auto: .jsonl/.ndjson (+.gz/.zst) are JSONL
+  std::string text_field = "text";  // JSONL: the key holding the document text
+  std::string separator;            // text: a line equal to this ends a document; "" = one per file
+};
+
+struct InputFile {
+  std::string path;
+  bool jsonl = false;
+};
+
+// Expands files, directories and globs into a sorted, de-duplicated list of readable files
+// (symlinks to the same file count once; files that look binary are skipped and listed in
+// `skipped`). Throws DataError when a spec matches nothing.
+std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
+                                     const InputOptions& options,
+                                     std::vector<std::string>* skipped);
+
+struct Document {
+  std::string text;
+  int64_t file = 0;  // index into the expanded input list
+  int64_t line = 0;  // 1-based line where the document starts (JSONL: its record's line)
+};
+
+// Reads every document of the input files, in order.
+class DocumentReader {
+ public:
+  DocumentReader(std::vector<InputFile> files, InputOptions options);
+  ~DocumentReader();
+  // False at the end of the inputs. JSONL lines that are not JSON objects with a string text
+  // field are skipped and counted (invalid_records()); the first is named in first_invalid().
+  bool next(Document& doc);
+  int64_t bytes_read() const { return bytes_; }
+  int64_t invalid_records() const { return invalid_; }
+  const std::string& first_invalid() const { return first_invalid_; }
+
+ private:
+  bool read_line(std::string& line);  // false at the end of the current file
+  bool open_next_file();
+
+  class Stream;
+  std::vector<InputFile> files_;
+  InputOptions options_;
+  std::unique_ptr<Stream> stream_;
+  int64_t current_ = -1, line_no_ = 0, bytes_ = 0, invalid_ = 0;
+  std::string first_invalid_;
+  std::string buffer_;
+  size_t buffer_pos_ = 0;
+  bool eof_ = true;
+};
+
+}  // namespace keel::data

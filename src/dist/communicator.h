@@ -1,0 +1,42 @@
+// The trainer's view of the other ranks. Everything rank-dependent (data sharding, rank-0 logging,
+// metric reduction, checkpoint writing) takes rank and world size from here, so one code path
+// serves one process and many. SingleProcess is the identity; the c10d implementation (Gloo on
+// CPU, NCCL on CUDA) plugs in behind the same interface.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace keel::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  bool is_main() const { return rank() == 0; }
+
+  // In-place sum across ranks (tensors on the communicator's device).
+  virtual void all_reduce_sum_(std::vector<torch::Tensor>& tensors) = 0;
+  // In-place max across ranks.
+  virtual void all_reduce_max_(std::vector<torch::Tensor>& tensors) = 0;
+  virtual void broadcast_(std::vector<torch::Tensor>& tensors, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Averages gradients in place: sum then divide by world size.
+  void all_reduce_mean_(std::vector<torch::Tensor>& tensors);
+};
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  void all_reduce_sum_(std::vector<torch::Tensor>&) override {}
+  void all_reduce_max_(std::vector<torch::Tensor>&) override {}
+  void broadcast_(std::vector<torch::Tensor>&, int) override {}
+  void barrier() override {}
+};
+
+}  // namespace keel::dist

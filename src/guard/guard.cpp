@@ -1,0 +1,238 @@
+#include "guard/guard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace keel::guard {
+namespace {
+
+// A layer whose norm rose by more than this share of warn_factor counts as "risen" for the verdict.
+constexpr double kRisenShare = 0.5;
+// Attention-output std drifting by more than this relative amount from its baseline warns.
+constexpr double kAttentionDriftWarn = 1.0;
+// A stable snapshot needs its latest loss within this factor of the running loss median.
+constexpr double kStableLossBand = 1.25;
+// Loss-scale drops and regrowths, each at least this many within a window, mean oscillation.
+constexpr int64_t kScaleOscillations = 3;
+
+}  // namespace
+
+Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names)
+    : cfg_(cfg),
+      layer_names_(std::move(layer_names)),
+      grad_norms_(cfg.median_window),
+      losses_(cfg.median_window),
+      clip_flags_(cfg.median_window),
+      layer_norms_(layer_names_.size(), RunningWindow(cfg.median_window)),
+      scale_drops_(cfg.median_window),
+      scale_rises_(cfg.median_window) {}
+
+nlohmann::json Guard::layer_report(const StepSignals& s) const {
+  // Each layer against its own baseline: which modules moved, and did they move together?
+  std::vector<std::pair<double, size_t>> ratios;
+  for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i) {
+    double median = layer_norms_[i].median();
+    if (std::isfinite(median) && median > 0) ratios.emplace_back(s.layer_grad_norms[i] / median, i);
+  }
+  std::sort(ratios.rbegin(), ratios.rend());
+  nlohmann::json top = nlohmann::json::array();
+  for (size_t k = 0; k < std::min<size_t>(3, ratios.size()); ++k)
+    top.push_back({{"layer", layer_names_[ratios[k].second]}, {"ratio", ratios[k].first}});
+  size_t risen = std::count_if(ratios.begin(), ratios.end(), [&](auto& r) {
+    return r.first > cfg_.warn_factor * kRisenShare;
+  });
+  // All layers rising together points at the data or the learning rate; a few at one module.
+  std::string verdict = ratios.empty() ? "unknown" : (2 * risen >= ratios.size() ? "global" : "local");
+  return {{"top_layers", top}, {"verdict", verdict}, {"layers_risen", risen},
+          {"layers", ratios.size()}};
+}
+
+Decision Guard::observe(const StepSignals& s) {
+  Decision d;
+  const bool finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+  if (!finite) {
+    ++consecutive_nan_;
+    note_alarm(s.step);
+    nlohmann::json detail = {{"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
+                             {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
+                             {"consecutive", consecutive_nan_}};
+    if (cfg_.nan_policy == "abort") {
+      d.events.push_back({"abort", detail});
+      throw RunStopped("non-finite loss or gradient at step " + std::to_string(s.step) +
+                       " and stability.nan_policy is abort");
+    }
+    if (cfg_.nan_policy == "pause" || consecutive_nan_ >= cfg_.max_consecutive_nan) {
+      detail["reason"] = "non_finite";
+      d.events.push_back({"skip_nan", detail});
+      d.events.push_back({"pause", detail});
+      d.action = Action::kPause;
+    } else {
+      d.events.push_back({"skip_nan", detail});
+      d.action = Action::kSkip;
+    }
+    return d;
+  }
+  consecutive_nan_ = 0;
+
+  const bool baseline = baseline_ready();
+  const double norm_median = grad_norms_.median();
+  const double loss_median = losses_.median();
+  const double norm_ratio = baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
+  const double loss_ratio = baseline && loss_median > 0 ? s.loss / loss_median : 0.0;
+
+  if (norm_ratio > cfg_.warn_factor) {
+    note_alarm(s.step);
+    auto detail = layer_report(s);
+    detail["grad_norm"] = s.grad_norm;
+    detail["grad_norm_median"] = norm_median;
+    detail["ratio"] = norm_ratio;
+    detail["loss"] = s.loss;
+    d.events.push_back({"warn", detail});
+  }
+  const bool norm_pause = norm_ratio > cfg_.pause_factor;
+  const bool loss_pause = cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor;
+  if (norm_pause || loss_pause) {
+    note_alarm(s.step);
+    nlohmann::json detail = {{"reason", norm_pause ? "grad_norm" : "loss"},
+                             {"grad_norm", s.grad_norm}, {"grad_norm_median", norm_median},
+                             {"loss", s.loss}, {"loss_median", loss_median}};
+    d.events.push_back({"pause", detail});
+    d.action = Action::kPause;
+    return d;
+  }
+
+  // Applied: the values join the baselines.
+  grad_norms_.push(s.grad_norm);
+  losses_.push(s.loss);
+  clip_flags_.push(s.clipped ? 1.0 : 0.0);
+  for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
+    layer_norms_[i].push(s.layer_grad_norms[i]);
+  watch_rates(s, d);
+  return d;
+}
+
+void Guard::watch_rates(const StepSignals& s, Decision& d) {
+  const bool may_warn = last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
+  auto warn = [&](nlohmann::json detail) {
+    d.events.push_back({"warn", std::move(detail)});
+    last_rate_warn_step_ = s.step;
+  };
+  if (may_warn && clip_flags_.size() >= cfg_.median_window && clip_flags_.mean() > cfg_.clip_rate_warn) {
+    double rate = clip_flags_.mean();
+    warn({{"signal", "clip_rate"}, {"clip_rate", rate},
+          {"message", "clipping fires on " + std::to_string(static_cast<int>(std::round(rate * 100))) +
+                          " % of steps — look at the data or the schedule"}});
+  }
+  if (s.loss_scale) {
+    if (last_loss_scale_) {
+      scale_drops_.push(*s.loss_scale < *last_loss_scale_ ? 1.0 : 0.0);
+      scale_rises_.push(*s.loss_scale > *last_loss_scale_ ? 1.0 : 0.0);
+    }
+    last_loss_scale_ = s.loss_scale;
+    if (may_warn && scale_drops_.sum() >= kScaleOscillations && scale_rises_.sum() >= kScaleOscillations)
+      warn({{"signal", "loss_scale"}, {"loss_scale", *s.loss_scale},
+            {"drops", scale_drops_.sum()}, {"rises", scale_rises_.sum()},
+            {"message", "fp16 loss scale oscillates; consider bf16"}});
+  }
+}
+
+bool Guard::baseline_ready() const {
+  return grad_norms_.size() >= std::min(kMinBaselineSteps, cfg_.median_window);
+}
+
+std::vector<GuardEvent> Guard::observe_periodic(int64_t step, const std::vector<double>& update_ratios,
+                                                const std::vector<double>& attention_std) {
+  std::vector<GuardEvent> events;
+  const bool may_warn =
+      last_periodic_warn_step_ < 0 || step - last_periodic_warn_step_ >= cfg_.median_window;
+  for (size_t i = 0; i < update_ratios.size(); ++i) {
+    // Advisory: a large update ratio says the lr is high for these weights; it does not block
+    // stable promotion the way a gradient or loss alarm does.
+    if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
+      last_periodic_warn_step_ = step;
+      events.push_back({"warn", {{"signal", "update_ratio"},
+                                 {"layer", i < layer_names_.size() ? layer_names_[i] : ""},
+                                 {"update_ratio", update_ratios[i]},
+                                 {"threshold", cfg_.update_ratio_alarm}}});
+      break;
+    }
+  }
+  if (attention_baseline_.size() != attention_std.size()) attention_baseline_ = attention_std;
+  for (size_t i = 0; i < attention_std.size(); ++i) {
+    double base = attention_baseline_[i];
+    double drift = base > 0 ? std::abs(attention_std[i] - base) / base : 0.0;
+    if (may_warn && events.empty() && drift > kAttentionDriftWarn) {
+      last_periodic_warn_step_ = step;
+      events.push_back({"warn", {{"signal", "attention_drift"}, {"layer", static_cast<int64_t>(i)},
+                                 {"attention_std", attention_std[i]}, {"baseline", base},
+                                 {"drift", drift}}});
+    }
+    attention_baseline_[i] = 0.9 * base + 0.1 * attention_std[i];  // slow baseline
+  }
+  return events;
+}
+
+std::optional<GuardEvent> Guard::after_update(int64_t completed_steps) {
+  if (!recovery_announced_ && completed_steps >= recovery_until_) {
+    recovery_announced_ = true;
+    return GuardEvent{"recovery_end", {{"lr_factor", 1.0}}};
+  }
+  return std::nullopt;
+}
+
+void Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
+  ++rollbacks_;
+  incidents_.push_back(incident);
+  if (rollbacks_ > cfg_.rollback.max_rollbacks) {
+    std::string summary;
+    for (const auto& i : incidents_) summary += "\n  " + i.dump();
+    throw RunStopped("rollback " + std::to_string(rollbacks_) + " exceeds stability.rollback.max_rollbacks=" +
+                     std::to_string(cfg_.rollback.max_rollbacks) + "; incidents:" + summary);
+  }
+  recovery_until_ = step + cfg_.recovery.steps;
+  recovery_announced_ = cfg_.recovery.steps == 0;
+  consecutive_nan_ = 0;
+}
+
+double Guard::lr_factor(int64_t step) const {
+  return step < recovery_until_ ? cfg_.recovery.lr_factor : 1.0;
+}
+
+bool Guard::promotable(int64_t step, int64_t window, bool require_no_alarms) const {
+  if (require_no_alarms && last_alarm_step_ >= 0 && step - last_alarm_step_ <= window) return false;
+  if (in_recovery(step)) return false;
+  if (losses_.empty()) return true;
+  double median = losses_.median();
+  return !(median > 0) || losses_.last() <= kStableLossBand * median;
+}
+
+nlohmann::json Guard::state() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& w : layer_norms_) layers.push_back(w.state());
+  return {{"grad_norms", grad_norms_.state()}, {"losses", losses_.state()},
+          {"clip_flags", clip_flags_.state()}, {"layer_norms", layers},
+          {"attention_baseline", attention_baseline_}, {"consecutive_nan", consecutive_nan_},
+          {"rollbacks", rollbacks_}, {"recovery_until", recovery_until_},
+          {"recovery_announced", recovery_announced_}, {"last_alarm_step", last_alarm_step_},
+          {"incidents", incidents_}};
+}
+
+void Guard::load_state(const nlohmann::json& st) {
+  grad_norms_.load_state(st.at("grad_norms"));
+  losses_.load_state(st.at("losses"));
+  clip_flags_.load_state(st.at("clip_flags"));
+  const auto& layers = st.at("layer_norms");
+  for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i) layer_norms_[i].load_state(layers[i]);
+  attention_baseline_ = st.at("attention_baseline").get<std::vector<double>>();
+  consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
+  rollbacks_ = st.at("rollbacks").get<int64_t>();
+  recovery_until_ = st.at("recovery_until").get<int64_t>();
+  recovery_announced_ = st.at("recovery_announced").get<bool>();
+  last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
+  incidents_ = st.at("incidents");
+}
+
+}  // namespace keel::guard

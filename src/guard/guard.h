@@ -1,0 +1,108 @@
+// The stability state machine (DESIGN.md): it watches one step's signals and decides whether the
+// update is applied, skipped, or the run pauses and rolls back to the newest stable snapshot.
+//
+//   NORMAL ── grad_norm > warn_factor × median ──► warn (event; the update is applied)
+//   NORMAL ── non-finite loss or gradient ──► skip the update (skip_nan); max_consecutive_nan in a
+//             row escalate to a pause (nan_policy: pause escalates at once, abort stops the run)
+//   NORMAL ── grad_norm > pause_factor × median, or loss > loss_alarm_factor × median loss ──►
+//             pause: the trainer writes forensics, rolls back to STABLE, quarantines the data
+//             window, and calls on_rollback(), which starts RECOVERY: lr × recovery.lr_factor for
+//             recovery.steps optimizer steps, then recovery_end and the normal schedule.
+//
+// Pure host-side logic on a handful of doubles per step: no tensors, trivially unit-testable.
+// Statistics only take values of applied updates, so a spike never poisons its own baseline.
+// Not thread-safe; one Guard per rank, fed all-reduced values so every rank decides the same.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/schema.h"
+#include "guard/running_stats.h"
+
+namespace keel::guard {
+
+struct StepSignals {
+  int64_t step = 0;                       // optimizer step index about to be applied
+  double loss = 0.0;                      // mean batch cross-entropy
+  double grad_norm = 0.0;                 // global L2, before clipping
+  std::vector<double> layer_grad_norms;   // one per layer group (same order as layer_names)
+  bool clipped = false;
+  std::optional<double> loss_scale;       // fp16 only
+};
+
+enum class Action { kApply, kSkip, kPause };
+
+struct GuardEvent {
+  std::string kind;  // warn | skip_nan | pause | recovery_end | abort
+  nlohmann::json detail;
+};
+
+struct Decision {
+  Action action = Action::kApply;
+  std::vector<GuardEvent> events;
+};
+
+class Guard {
+ public:
+  Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names);
+
+  Decision observe(const StepSignals& s);
+  // Signals too costly for every step, read at log steps: per-layer update ratios |Δw|/|w| and
+  // attention-output std per layer (drift against a slow baseline). Returns warn events.
+  std::vector<GuardEvent> observe_periodic(int64_t step, const std::vector<double>& update_ratios,
+                                           const std::vector<double>& attention_std);
+  // Call after every applied update; returns recovery_end when the recovery overlay just ended.
+  std::optional<GuardEvent> after_update(int64_t completed_steps);
+  // The run rolled back so that `step` updates are done; recovery covers the next recovery.steps.
+  // Throws RunStopped (with every incident) when this rollback exceeds rollback.max_rollbacks.
+  void on_rollback(int64_t step, const nlohmann::json& incident);
+
+  // Multiplier on the scheduled lr for the update with index `step` (recovery overlay).
+  double lr_factor(int64_t step) const;
+  bool in_recovery(int64_t step) const { return step < recovery_until_; }
+  // A snapshot at `step` may become stable: no alarm within the last `window` steps (when
+  // required) and the loss not above its running median band.
+  bool promotable(int64_t step, int64_t window, bool require_no_alarms) const;
+
+  int64_t rollbacks() const { return rollbacks_; }
+  const nlohmann::json& incidents() const { return incidents_; }
+  double grad_norm_median() const { return grad_norms_.median(); }
+  double grad_norm_mean() const { return grad_norms_.mean(); }
+  double grad_norm_stddev() const { return grad_norms_.stddev(); }
+  bool baseline_ready() const;
+  double loss_median() const { return losses_.median(); }
+
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
+
+ private:
+  nlohmann::json layer_report(const StepSignals& s) const;
+  void note_alarm(int64_t step) { last_alarm_step_ = step; }
+  void watch_rates(const StepSignals& s, Decision& d);
+
+  config::StabilityConfig cfg_;
+  std::vector<std::string> layer_names_;
+  RunningWindow grad_norms_, losses_, clip_flags_;
+  std::vector<RunningWindow> layer_norms_;
+  std::vector<double> attention_baseline_;
+  int64_t consecutive_nan_ = 0;
+  int64_t rollbacks_ = 0;
+  int64_t recovery_until_ = -1;
+  bool recovery_announced_ = true;
+  int64_t last_alarm_step_ = -1;
+  int64_t last_rate_warn_step_ = -1;
+  int64_t last_periodic_warn_step_ = -1;
+  std::optional<double> last_loss_scale_;
+  RunningWindow scale_drops_, scale_rises_;
+  nlohmann::json incidents_ = nlohmann::json::array();
+};
+
+// Minimum samples in the window before an alarm can fire: a baseline of two values is no baseline.
+inline constexpr int64_t kMinBaselineSteps = 10;
+
+}  // namespace keel::guard

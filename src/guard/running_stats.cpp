@@ -1,0 +1,46 @@
+#include "guard/running_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace keel::guard {
+
+void RunningWindow::push(double value) {
+  values_.push_back(value);
+  while (static_cast<int64_t>(values_.size()) > capacity_) values_.pop_front();
+}
+
+double RunningWindow::median() const {
+  if (values_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> v(values_.begin(), values_.end());
+  auto mid = v.begin() + v.size() / 2;
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+double RunningWindow::sum() const { return std::accumulate(values_.begin(), values_.end(), 0.0); }
+
+double RunningWindow::mean() const {
+  if (values_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  return sum() / static_cast<double>(values_.size());
+}
+
+double RunningWindow::stddev() const {
+  if (values_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double m = mean(), acc = 0.0;
+  for (double v : values_) acc += (v - m) * (v - m);
+  return std::sqrt(acc / static_cast<double>(values_.size()));
+}
+
+nlohmann::json RunningWindow::state() const {
+  return {{"capacity", capacity_}, {"values", std::vector<double>(values_.begin(), values_.end())}};
+}
+
+void RunningWindow::load_state(const nlohmann::json& state) {
+  values_.clear();
+  for (double v : state.at("values").get<std::vector<double>>()) push(v);
+}
+
+}  // namespace keel::guard

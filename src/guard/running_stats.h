@@ -1,0 +1,33 @@
+// Host-side running statistics over the last N values of a per-step signal (grad norm, loss,
+// per-layer norms). The Guard reads one small packed tensor per step, so these live on the host.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace keel::guard {
+
+class RunningWindow {
+ public:
+  explicit RunningWindow(int64_t capacity = 100) : capacity_(capacity < 1 ? 1 : capacity) {}
+  void push(double value);
+  int64_t size() const { return static_cast<int64_t>(values_.size()); }
+  bool empty() const { return values_.empty(); }
+  double median() const;  // upper median for even counts; NaN when empty
+  double mean() const;
+  double stddev() const;  // population standard deviation
+  double sum() const;
+  double last() const { return values_.back(); }  // precondition: !empty()
+  void clear() { values_.clear(); }
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
+
+ private:
+  int64_t capacity_;
+  std::deque<double> values_;
+};
+
+}  // namespace keel::guard

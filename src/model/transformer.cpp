@@ -1,0 +1,323 @@
+// Decoder-only transformer (llama / gpt2 flavours). Legend: B batch, T sequence, C d_model,
+// H heads, Hkv kv heads, D head dim (C / H), F MLP hidden size, V vocabulary, L layers.
+// Parameter names are part of the contract: layers are "layers.<i>.", every norm parameter has
+// "norm" in its name and every embedding "emb", so optim::make_param_groups can sort them.
+#include "model/transformer.h"
+
+#include <cmath>
+#include <unordered_set>
+
+#include "common/error.h"
+
+namespace keel::model {
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::Tensor;
+
+constexpr double kRopeBase = 10000.0;
+constexpr double kNormEps = 1e-5;
+
+bool is_llama(const config::ModelConfig& cfg) { return cfg.arch == "llama"; }
+
+Tensor residual_dropout(const Tensor& x, double p, bool training) {
+  if (p <= 0.0 || !training) return x;
+  return F::dropout(x, F::DropoutFuncOptions().p(p).training(true));
+}
+
+// RMSNorm (weight only) or LayerNorm (weight and bias) over the last dimension.
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(int64_t dim, bool rms) : dim_(dim), rms_(rms) {
+    weight_ = register_parameter("weight", torch::ones({dim}));
+    if (!rms_) bias_ = register_parameter("bias", torch::zeros({dim}));
+  }
+  Tensor forward(const Tensor& x) {  // (..., dim) -> (..., dim)
+    if (rms_) {
+      // Under autocast a bf16/fp16 input (q, k from a linear) meets the fp32 gain; normalise in
+      // fp32, which also keeps the fused kernel eligible, and hand back the input's dtype.
+      if (x.scalar_type() == weight_.scalar_type()) return at::rms_norm(x, {dim_}, weight_, kNormEps);
+      return at::rms_norm(x.to(weight_.scalar_type()), {dim_}, weight_, kNormEps).to(x.scalar_type());
+    }
+    return at::layer_norm(x, {dim_}, weight_, bias_, kNormEps);
+  }
+
+ private:
+  int64_t dim_;
+  bool rms_;
+  Tensor weight_, bias_;
+};
+TORCH_MODULE(Norm);
+
+// Rotary embedding, "rotate half" layout: x (B, T, h, D), cos/sin (T_max, D/2) -> (B, T, h, D).
+Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  // Cast to x's dtype so that under autocast the rotation stays in the compute dtype.
+  const auto c = cos.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
+  const auto s = sin.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
+  const auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+// (B, Hkv, T, D) -> (B, Hkv * groups, T, D), kv head j serving query heads j*groups .. +groups-1
+// (the repeat_interleave layout). Materialised so every SDPA backend stays eligible.
+Tensor repeat_kv(const Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  const auto B = x.size(0), Hkv = x.size(1), T = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, groups, T, D}).reshape({B, Hkv * groups, T, D});
+}
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const config::ModelConfig& cfg)
+      : n_heads_(cfg.n_heads),
+        n_kv_heads_(config::effective_kv_heads(cfg)),
+        head_dim_(cfg.d_model / cfg.n_heads),
+        dropout_(cfg.dropout) {
+    const bool bias = !is_llama(cfg);
+    const int64_t qkv_out = (n_heads_ + 2 * n_kv_heads_) * head_dim_;
+    qkv_ = register_module(
+        "qkv", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, qkv_out).bias(bias)));
+    proj_ = register_module(
+        "proj", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.d_model).bias(bias)));
+    if (cfg.qk_norm) {
+      q_norm_ = register_module("q_norm", Norm(head_dim_, /*rms=*/true));
+      k_norm_ = register_module("k_norm", Norm(head_dim_, /*rms=*/true));
+    }
+  }
+
+  // x (B, T, C); cos/sin (T_max, D/2) or undefined (no rotary) -> (B, T, C)
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+    const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
+    auto parts = qkv_(x).split({n_heads_ * D, n_kv_heads_ * D, n_kv_heads_ * D}, -1);
+    auto q = parts[0].view({B, T, n_heads_, D});     // (B, T, H, D)
+    auto k = parts[1].view({B, T, n_kv_heads_, D});  // (B, T, Hkv, D)
+    auto v = parts[2].view({B, T, n_kv_heads_, D});
+    if (q_norm_) {
+      q = q_norm_(q);
+      k = k_norm_(k);
+    }
+    if (cos.defined()) {
+      q = apply_rope(q, cos, sin);
+      k = apply_rope(k, cos, sin);
+    }
+    // Norms and rotary may have promoted q/k to fp32 under autocast; SDPA wants one dtype.
+    q = q.to(v.scalar_type()).transpose(1, 2);                               // (B, H, T, D)
+    k = repeat_kv(k.to(v.scalar_type()).transpose(1, 2), n_heads_ / n_kv_heads_);
+    v = repeat_kv(v.transpose(1, 2), n_heads_ / n_kv_heads_);
+    const double p = is_training() ? dropout_ : 0.0;
+    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+    auto out = proj_(y.transpose(1, 2).reshape({B, T, n_heads_ * D}));  // (B, T, C)
+    if (is_training()) {
+      // One small reduction kept on the device for the guard's drift check; read at log steps.
+      torch::NoGradGuard no_grad;
+      last_std_ = out.detach().std().to(torch::kFloat);
+    }
+    return out;
+  }
+  const Tensor& last_output_std() const { return last_std_; }  // () fp32 or undefined
+
+ private:
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+  double dropout_;
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+  Norm q_norm_{nullptr}, k_norm_{nullptr};
+  Tensor last_std_;
+};
+TORCH_MODULE(Attention);
+
+// llama: SwiGLU, fc holds gate and up side by side (C -> 2F); gpt2: GELU(tanh) with biases.
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const config::ModelConfig& cfg) : llama_(is_llama(cfg)) {
+    const int64_t d_ff = config::effective_d_ff(cfg);
+    const int64_t fc_out = llama_ ? 2 * d_ff : d_ff;
+    fc_ = register_module(
+        "fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, fc_out).bias(!llama_)));
+    proj_ = register_module(
+        "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
+  }
+  Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
+    auto h = fc_(x);                  // (B, T, 2F) or (B, T, F)
+    if (llama_) {
+      auto gate_up = h.chunk(2, -1);
+      h = F::silu(gate_up[0]) * gate_up[1];
+    } else {
+      h = F::gelu(h, F::GELUFuncOptions().approximate("tanh"));
+    }
+    return proj_(h);
+  }
+
+ private:
+  bool llama_;
+  torch::nn::Linear fc_{nullptr}, proj_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const config::ModelConfig& cfg) : dropout_(cfg.dropout) {
+    attn_norm_ = register_module("attn_norm", Norm(cfg.d_model, is_llama(cfg)));
+    attn_ = register_module("attn", Attention(cfg));
+    mlp_norm_ = register_module("mlp_norm", Norm(cfg.d_model, is_llama(cfg)));
+    mlp_ = register_module("mlp", Mlp(cfg));
+  }
+  Tensor forward(Tensor x, const Tensor& cos, const Tensor& sin) {  // (B, T, C) -> (B, T, C)
+    x = x + residual_dropout(attn_(attn_norm_(x), cos, sin), dropout_, is_training());
+    return x + residual_dropout(mlp_(mlp_norm_(x)), dropout_, is_training());
+  }
+  const Attention& attention() const { return attn_; }
+
+ private:
+  double dropout_;
+  Norm attn_norm_{nullptr}, mlp_norm_{nullptr};
+  Attention attn_{nullptr};
+  Mlp mlp_{nullptr};
+};
+TORCH_MODULE(Block);
+
+void check_shape_config(const config::ModelConfig& cfg) {
+  const int64_t kv = config::effective_kv_heads(cfg);
+  if (cfg.arch != "llama" && cfg.arch != "gpt2") {
+    throw ConfigError("model.arch: unknown arch '" + cfg.arch + "'\nHINT: use llama or gpt2");
+  }
+  if (cfg.n_heads <= 0 || cfg.d_model % cfg.n_heads != 0 || kv <= 0 || cfg.n_heads % kv != 0) {
+    throw ConfigError("model: d_model must be divisible by n_heads and n_heads by n_kv_heads (got "
+                      "d_model=" + std::to_string(cfg.d_model) + ", n_heads=" +
+                      std::to_string(cfg.n_heads) + ", n_kv_heads=" + std::to_string(kv) +
+                      ")\nHINT: e.g. d_model=128, n_heads=4, n_kv_heads=2");
+  }
+  if (is_llama(cfg) && (cfg.d_model / cfg.n_heads) % 2 != 0) {
+    throw ConfigError("model: rotary embeddings need an even head dim (d_model / n_heads)");
+  }
+}
+
+// cos/sin tables (T, D/2) fp32 for positions 0..T-1.
+std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim) {
+  const auto inv_freq =
+      torch::pow(kRopeBase, -torch::arange(0, head_dim, 2, torch::kDouble) / head_dim);  // (D/2)
+  const auto angles = torch::outer(torch::arange(seq_len, torch::kDouble), inv_freq);  // (T, D/2)
+  return {angles.cos().to(torch::kFloat), angles.sin().to(torch::kFloat)};
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+TransformerImpl::TransformerImpl(const config::ModelConfig& cfg) : cfg_(cfg) {
+  check_shape_config(cfg_);
+  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(cfg_.vocab_size, cfg_.d_model));
+  if (!is_llama(cfg_)) {
+    pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg_.seq_len, cfg_.d_model));
+  } else {
+    auto [cos, sin] = rope_tables(cfg_.seq_len, cfg_.d_model / cfg_.n_heads);
+    rope_cos_ = register_buffer("rope_cos", cos);
+    rope_sin_ = register_buffer("rope_sin", sin);
+  }
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg_.n_layers; ++i) layers_->push_back(Block(cfg_));
+  final_norm_ = torch::nn::AnyModule(Norm(cfg_.d_model, is_llama(cfg_)));
+  register_module("final_norm", final_norm_.ptr());
+  if (!cfg_.tie_embeddings) {
+    lm_head_ = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg_.d_model, cfg_.vocab_size).bias(false)));
+  }
+  init_weights();
+}
+
+// normal(0, init_std) for weights; output projections of attention and MLP get
+// init_std / sqrt(2 L) so the residual stream's variance does not grow with depth; zeros for
+// biases, ones for norm gains.
+void TransformerImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  const double out_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (name.find("norm") != std::string::npos) {
+      ends_with(name, ".bias") ? p.zero_() : p.fill_(1.0);
+    } else if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight")) {
+      p.normal_(0.0, out_std);
+    } else {
+      p.normal_(0.0, cfg_.init_std);
+    }
+  }
+}
+
+torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  if (T > cfg_.seq_len) {
+    throw DataError("model: sequence of " + std::to_string(T) + " tokens is longer than model.seq_len=" +
+                    std::to_string(cfg_.seq_len) + "\nHINT: raise model.seq_len or feed shorter sequences");
+  }
+  auto x = tok_emb_(tokens);  // (B, T, C)
+  if (pos_emb_) x = x + pos_emb_(torch::arange(T, tokens.options().dtype(torch::kLong)));
+  for (const auto& layer : *layers_) x = layer->as<BlockImpl>()->forward(x, rope_cos_, rope_sin_);
+  x = final_norm_.forward(x);
+  const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
+  return at::linear(x, head);  // (B, T, V)
+}
+
+LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  const auto logits = forward(inputs);  // (B, T, V), possibly low precision under autocast
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  const auto lf = logits.reshape({B * T, V}).to(torch::kFloat);  // cross-entropy in fp32
+  const auto tgt = targets.reshape({B * T});
+  Tensor ce_tok, loss;  // (B*T), ()
+  if (cfg_.z_loss > 0.0) {
+    // Share log Z between the cross-entropy (log Z - logit[target]) and the z-loss (log Z)^2.
+    const auto lse = torch::logsumexp(lf, -1);
+    ce_tok = lse - lf.gather(1, tgt.unsqueeze(1)).squeeze(1);
+    loss = ce_tok.mean() + cfg_.z_loss * lse.square().mean();
+  } else {
+    ce_tok = F::cross_entropy(lf, tgt, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    loss = ce_tok.mean();
+  }
+  const auto ce_det = ce_tok.detach();
+  return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1)};
+}
+
+int64_t TransformerImpl::num_parameters() const {
+  std::unordered_set<const void*> seen;
+  int64_t n = 0;
+  for (const auto& p : parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  }
+  return n;
+}
+
+double TransformerImpl::flops_per_token() const {
+  // Embedding lookups cost no matmul FLOPs; the output projection (C x V) does, counted once
+  // whether or not it is tied.
+  int64_t embedding = tok_emb_->weight.numel();
+  if (pos_emb_) embedding += pos_emb_->weight.numel();
+  if (lm_head_) embedding += lm_head_->weight.numel();
+  const double non_embedding = static_cast<double>(num_parameters() - embedding);
+  const double L = cfg_.n_layers, C = cfg_.d_model, T = cfg_.seq_len, V = cfg_.vocab_size;
+  return 6.0 * non_embedding + 12.0 * L * C * T + 6.0 * C * V;
+}
+
+std::vector<std::string> TransformerImpl::layer_prefixes() const {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < cfg_.n_layers; ++i) out.push_back("layers." + std::to_string(i) + ".");
+  return out;
+}
+
+std::vector<double> TransformerImpl::attention_output_std() const {
+  std::vector<Tensor> stds;  // one () per layer
+  for (const auto& layer : *layers_) {
+    const auto& s = layer->as<BlockImpl>()->attention()->last_output_std();
+    if (!s.defined()) return {};
+    stds.push_back(s);
+  }
+  if (stds.empty()) return {};
+  const auto host = at::stack(stds).to(torch::kCPU, torch::kDouble);  // one sync for all layers
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+}  // namespace keel::model

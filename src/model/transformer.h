@@ -1,0 +1,57 @@
+// Decoder-only transformer in two flavours:
+//   arch=llama: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention (n_kv_heads)
+//   arch=gpt2:  LayerNorm, learned positions, GELU(tanh) MLP
+// Causal attention goes through scaled_dot_product_attention. Legend: B batch, T sequence,
+// C d_model, H heads, Hkv kv heads, D head dim, V vocabulary.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "config/schema.h"
+
+namespace keel::model {
+
+struct LossOutput {
+  torch::Tensor loss;             // () fp32: mean cross-entropy + z_loss term; what backward uses
+  torch::Tensor ce_loss;          // () fp32: mean cross-entropy alone (detached)
+  torch::Tensor per_sample_loss;  // (B) fp32: mean cross-entropy of each sequence (detached)
+};
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const config::ModelConfig& cfg);
+
+  // tokens (B, T) int64 -> logits (B, T, V)
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // inputs, targets (B, T) int64 -> losses; cross-entropy computed in fp32.
+  LossOutput loss(const torch::Tensor& inputs, const torch::Tensor& targets);
+
+  const config::ModelConfig& config() const { return cfg_; }
+  int64_t num_parameters() const;  // unique parameters (tied weights counted once)
+  // Model FLOPs per trained token (forward + backward): 6 * non-embedding-params + attention term
+  // 12 * n_layers * d_model * seq_len, plus the output projection.
+  double flops_per_token() const;
+  // Name prefix of each transformer layer's parameters ("layers.0.", ...), for per-layer statistics.
+  std::vector<std::string> layer_prefixes() const;
+  // Per layer, the std of the attention branch's output (after its projection) in the latest
+  // training-mode forward; empty before the first. Reads the device: call at log steps only.
+  std::vector<double> attention_output_std() const;
+
+ private:
+  void init_weights();
+
+  config::ModelConfig cfg_;
+  // members defined in the .cpp's private nested modules
+  torch::nn::Embedding tok_emb_{nullptr};
+  torch::nn::Embedding pos_emb_{nullptr};  // gpt2 only
+  torch::nn::ModuleList layers_{nullptr};
+  torch::nn::AnyModule final_norm_;
+  torch::nn::Linear lm_head_{nullptr};     // absent (nullptr) when tie_embeddings
+  torch::Tensor rope_cos_, rope_sin_;      // llama only, (T, D/2) buffers
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace keel::model

@@ -1,0 +1,35 @@
+// The run directory's append-only record files (metrics.jsonl, events.jsonl, eval.jsonl).
+// Only rank 0 writes; other ranks get a RunFiles that discards. Each line is flushed as written so
+// a crashed run leaves complete lines behind. Not thread-safe: the trainer thread owns it.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "monitor/json_record.h"
+
+namespace keel::monitor {
+
+class JsonlFile {
+ public:
+  JsonlFile() = default;  // discards
+  explicit JsonlFile(const std::string& path);
+  ~JsonlFile();
+  JsonlFile(const JsonlFile&) = delete;
+  JsonlFile& operator=(const JsonlFile&) = delete;
+  JsonlFile(JsonlFile&& other) noexcept;
+  JsonlFile& operator=(JsonlFile&& other) noexcept;
+  void write(const JsonRecord& record);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+struct RunFiles {
+  JsonlFile metrics, events, eval;
+  // Opens the three files under run_dir for appending (a resumed run continues them) when
+  // `writer` is true, else discards everything.
+  static RunFiles open(const std::string& run_dir, bool writer);
+};
+
+}  // namespace keel::monitor

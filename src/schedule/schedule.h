@@ -1,0 +1,22 @@
+// Learning-rate schedules as pure functions of the optimizer step (never of wall time).
+//   cosine:      linear warmup 0 -> peak over warmup_steps, then cosine to min_lr_ratio * peak at max_steps
+//   three_phase: warmup (linear) / stable (peak) / decay (exponential to min_lr_ratio * peak);
+//                phase lengths are fractions of max_steps (phases.*), warmup_steps > 0 overrides the
+//                warmup length
+//   constant:    linear warmup, then peak
+#pragma once
+
+#include <cstdint>
+
+#include "config/schema.h"
+
+namespace keel::schedule {
+
+// lr for the optimizer update with 0-based index `step` (the first update is step 0 and gets
+// peak/warmup_steps when warming up, never 0). Steps past max_steps stay at the final value.
+double lr_at(const config::ScheduleConfig& cfg, double peak_lr, int64_t step, int64_t max_steps);
+
+// Number of warmup steps the schedule actually uses for these settings.
+int64_t warmup_steps(const config::ScheduleConfig& cfg, int64_t max_steps);
+
+}  // namespace keel::schedule

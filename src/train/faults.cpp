@@ -1,0 +1,57 @@
+#include "train/faults.h"
+
+#include <csignal>
+#include <unistd.h>
+
+#include "common/log.h"
+
+namespace keel::train {
+
+FaultInjector::FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps,
+                             int64_t vocab_size, uint64_t seed)
+    : faults_(std::move(faults)),
+      accum_(std::max<int64_t>(grad_accum_steps, 1)),
+      vocab_(vocab_size),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(seed ^ 0xFA17ull)) {}
+
+bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
+  bool done = false;
+  for (const auto& f : faults_) {
+    if (f.kind != "corrupt_batch" || !active(f, position / accum_)) continue;
+    auto& tokens = batch.tokens;
+    if (f.mode == "repeat_token") {
+      tokens.fill_(torch::randint(vocab_, {1}, gen_, torch::kInt64).item<int64_t>());
+    } else if (f.mode == "shuffled") {
+      for (int64_t b = 0; b < tokens.size(0); ++b)
+        tokens[b].copy_(tokens[b].index_select(0, torch::randperm(tokens.size(1), gen_, torch::kInt64)));
+    } else {  // random_tokens (the default mode)
+      tokens.copy_(torch::randint(vocab_, tokens.sizes(), gen_, torch::kInt64));
+    }
+    done = true;
+  }
+  return done;
+}
+
+bool FaultInjector::nan_grad(int64_t iteration) const {
+  for (const auto& f : faults_)
+    if (f.kind == "nan_grad" && active(f, iteration)) return true;
+  return false;
+}
+
+double FaultInjector::lr_multiplier(int64_t iteration) const {
+  double m = 1.0;
+  for (const auto& f : faults_)
+    if (f.kind == "lr_spike" && active(f, iteration)) m *= f.factor;
+  return m;
+}
+
+void FaultInjector::maybe_crash(int64_t iteration) const {
+  for (const auto& f : faults_) {
+    if (f.kind == "crash" && iteration == f.at_step) {
+      log::warn("faults", "crash fault at iteration {}: killing the process", iteration);
+      ::kill(::getpid(), SIGKILL);
+    }
+  }
+}
+
+}  // namespace keel::train

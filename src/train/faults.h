@@ -1,0 +1,45 @@
+// Rehearsable accidents (config `faults:`; refused in production configs). Each fault is keyed so
+// that the guard's remedies act on it the way they act on the real thing:
+//   corrupt_batch  the data itself is bad: the micro-batches that a clean run would train on in
+//                  optimizer steps [at_step, at_step+steps) (positions in the data order). Skipping
+//                  that data (rollback.skip_data) really avoids it.
+//   nan_grad, lr_spike, crash
+//                  numerical or process events keyed to the iteration counter (optimizer-step
+//                  attempts, which keeps counting through rollbacks), so a rollback does not replay them.
+//   loader_stall, drop_samples live in the data loader.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "config/schema.h"
+#include "data/batch.h"
+
+namespace keel::train {
+
+class FaultInjector {
+ public:
+  FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps,
+                int64_t vocab_size, uint64_t seed);
+  bool empty() const { return faults_.empty(); }
+
+  // Corrupts `batch` in place when micro-batch `position` of this rank's data order is in a
+  // corrupt_batch window. Returns true when it did.
+  bool corrupt(data::Batch& batch, int64_t position);
+  bool nan_grad(int64_t iteration) const;
+  double lr_multiplier(int64_t iteration) const;
+  // Kills the process (SIGKILL, as an OOM killer or a node failure would) at `iteration`.
+  void maybe_crash(int64_t iteration) const;
+
+ private:
+  bool active(const config::FaultSpec& f, int64_t at) const {
+    return at >= f.at_step && at < f.at_step + std::max<int64_t>(f.steps, 1);
+  }
+  std::vector<config::FaultSpec> faults_;
+  int64_t accum_, vocab_;
+  torch::Generator gen_;
+};
+
+}  // namespace keel::train

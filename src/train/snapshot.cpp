@@ -1,0 +1,173 @@
+// Checkpoint capture and restore for the trainer: what a checkpoint holds beyond the tensors
+// (counters, data position, guard state, RNG) and the rules for resuming.
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "config/load.h"
+#include "train/trainer_state.h"
+
+namespace keel::train {
+namespace fs = std::filesystem;
+namespace {
+
+// Flattens a config into key -> printed value, to name exactly which keys differ.
+struct Flatten {
+  std::map<std::string, std::string> out;
+  std::string prefix;
+  template <class T> void field(const char* key, T& value) {
+    std::ostringstream s;
+    if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
+      for (auto& v : value) s << v << ",";
+    } else {
+      s << value;
+    }
+    out[prefix + key] = s.str();
+  }
+  template <class S> void section(const char* key, S& sub) {
+    std::string saved = prefix;
+    prefix += std::string(key) + ".";
+    config::visit(*this, sub);
+    prefix = saved;
+  }
+  template <class S> void list(const char*, std::vector<S>&) {}
+};
+
+std::map<std::string, std::string> flatten(config::Config c) {
+  Flatten f;
+  config::visit(f, c);
+  return f.out;
+}
+
+// Keys a resumed run cannot change: the model's shape and the identity of its data stream.
+bool must_match(const std::string& key) {
+  static const std::vector<std::string> kExact = {
+      "data.source", "data.path", "data.micro_batch_size", "data.synthetic_branching",
+      "data.synthetic_zipf", "run.seed"};
+  return key.rfind("model.", 0) == 0 ||
+         std::find(kExact.begin(), kExact.end(), key) != kExact.end();
+}
+
+torch::Tensor rng_state_cpu() { return at::globalContext().defaultGenerator(torch::kCPU).get_state(); }
+
+void set_rng_state(torch::Device device, const torch::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);  // shares the generator impl
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+checkpoint::CheckpointData Trainer::State::capture() const {
+  checkpoint::CheckpointData data;
+  for (const auto& [name, p] : named_params) data.model[name] = p.detach();
+  data.optimizer = optimizer->state_dict();
+  data.extra_tensors["rng.cpu"] = rng_state_cpu();
+  if (device.is_cuda())
+    data.extra_tensors["rng.cuda"] = at::globalContext().defaultGenerator(device).get_state();
+  if (scaler)
+    for (auto& [k, v] : scaler->state_dict()) data.extra_tensors["scaler." + k] = v;
+  data.trainer_state = {{"step", step},
+                        {"iteration", iteration},
+                        {"micro_taken", micro_taken},
+                        {"quarantined_micro", quarantined_micro},
+                        {"data", train_data->state()},
+                        {"last_eval_step", last_eval_step},
+                        {"samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size()},
+                        {"tokens_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size() *
+                                            cfg.model.seq_len},
+                        {"schedule", {{"kind", cfg.schedule.kind}, {"step", step}}}};
+  if (guard) data.trainer_state["guard"] = guard->state();
+  data.config_yaml = resolved_yaml;
+  return data;
+}
+
+void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restore_data,
+                             bool restore_guard) {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : named_params) {
+      auto it = data.model.find(name);
+      if (it == data.model.end()) throw CheckpointError("checkpoint has no weights for " + name);
+      if (it->second.sizes() != p.sizes())
+        throw CheckpointError("checkpoint weight " + name + " has a different shape");
+      p.copy_(it->second);
+    }
+  }
+  optimizer->load_state_dict(data.optimizer);
+  if (scaler) {
+    std::map<std::string, torch::Tensor> st;
+    for (auto& [k, v] : data.extra_tensors)
+      if (k.rfind("scaler.", 0) == 0) st[k.substr(7)] = v;
+    if (!st.empty()) scaler->load_state_dict(st);
+  }
+  if (auto it = data.extra_tensors.find("rng.cpu"); it != data.extra_tensors.end())
+    set_rng_state(torch::kCPU, it->second);
+  if (auto it = data.extra_tensors.find("rng.cuda"); it != data.extra_tensors.end() && device.is_cuda())
+    set_rng_state(device, it->second);
+
+  const auto& ts = data.trainer_state;
+  step = ts.at("step").get<int64_t>();
+  if (restore_data) {
+    iteration = ts.at("iteration").get<int64_t>();
+    micro_taken = ts.at("micro_taken").get<int64_t>();
+    quarantined_micro = ts.at("quarantined_micro").get<int64_t>();
+    last_eval_step = ts.at("last_eval_step").get<int64_t>();
+    train_data->load_state(ts.at("data"));
+  }
+  if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
+  last_checkpoint_step = step;
+}
+
+void Trainer::State::save_checkpoint(bool stable) {
+  auto path = checkpointer->save(step, capture(), stable);
+  last_checkpoint_step = step;
+  nlohmann::json detail = {{"path", path.string()}, {"stall_s", checkpointer->last_stall_seconds()},
+                           {"async", cfg.checkpoint.async}};
+  event("checkpoint", detail);
+  if (stable) event("stable_snapshot", detail);
+}
+
+void Trainer::State::maybe_checkpoint() {
+  if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway
+  const int64_t every = cfg.checkpoint.every_steps;
+  const int64_t stable_every = cfg.checkpoint.stable.every_steps > 0 ? cfg.checkpoint.stable.every_steps : every;
+  const bool due = every > 0 && step % every == 0;
+  const bool stable_due = guard && stable_every > 0 && step % stable_every == 0;
+  if (!due && !stable_due) return;
+  const auto& st = cfg.checkpoint.stable;
+  save_checkpoint(stable_due && guard->promotable(step, st.window, st.require_no_alarms));
+}
+
+bool Trainer::State::resume() {
+  if (options.resume.empty()) return false;
+  auto path = checkpointer->resolve(options.resume);
+  if (!path) {
+    if (options.resume == "latest" || options.resume == "stable") {
+      log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", options.resume,
+                checkpointer->dir().string());
+      return false;
+    }
+    throw CheckpointError("--resume " + options.resume + ": no such checkpoint");
+  }
+  auto data = checkpointer->load(*path);
+
+  auto stored = config::load_config_from_string(data.config_yaml, (*path / "config.yaml").string());
+  auto before = flatten(stored.config), now = flatten(cfg);
+  std::vector<std::string> differing;
+  for (const auto& [key, value] : now)
+    if (must_match(key) && before[key] != value)
+      differing.push_back(key + " (checkpoint: " + before[key] + ", now: " + value + ")");
+  if (!differing.empty()) {
+    std::string list;
+    for (auto& d : differing) list += "\n  " + d;
+    throw ConfigError("cannot resume from " + path->string() +
+                      ": the config changes what a resume cannot honour:" + list);
+  }
+  restore(data, /*restore_data=*/true, /*restore_guard=*/true);
+  log::info("ckpt", "resumed from {} at step {}", path->string(), step);
+  event("resume", {{"path", path->string()}, {"from_step", step}});
+  return true;
+}
+
+}  // namespace keel::train

@@ -1,0 +1,47 @@
+// The training loop: wires config, data, model, optimizer, schedule and metric files together.
+// It reads top to bottom: setup, eval at step 0, then for each optimizer step the micro-batches,
+// unscale/all-reduce/clip, the update, one log line; eval at intervals and at the last step.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/schema.h"
+
+namespace keel::dist {
+class Communicator;
+}
+
+namespace keel::train {
+
+struct TrainOptions {
+  std::string run_dir;  // empty: run.out_dir/run.name
+  std::string resume;   // empty: fresh; "latest" | "stable" | a checkpoint directory
+};
+
+// Resolves the run directory for a config and options.
+std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options);
+
+class Trainer {
+ public:
+  // `resolved_yaml` is written to RUN_DIR/config.resolved.yaml by rank 0.
+  Trainer(const config::Config& cfg, std::string resolved_yaml, TrainOptions options,
+          dist::Communicator& comm);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains to run.max_steps. Throws UserError for bad input, RunStopped when the run stops itself.
+  void run();
+
+  // Final metrics, for callers and tests.
+  double last_loss() const;
+  double last_val_loss() const;
+
+  struct State;  // defined in trainer_state.h, shared by the trainer's .cpp files
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace keel::train

@@ -1,0 +1,80 @@
+// `keel prepare` as a user runs it: report.json's keys and dedup/length counts on a planted
+// corpus, the dataset verifies on load, and wrong input exits 2 with a message.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../unit/data/data_test_util.h"
+#include "data/shard_reader.h"
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+TEST(PrepareCommand, WritesVerifiedShardsAndAReport) {
+  data::testing::ScratchDir dir("prepare_cli");
+  std::mt19937_64 rng(5);
+  std::filesystem::create_directories(dir / "in");
+  std::vector<std::vector<std::string>> bases;
+  int n = 0;
+  auto put = [&](const std::string& text) {
+    write_file(dir / ("in/d" + std::to_string(1000 + n++) + ".txt"), text);
+  };
+  for (int i = 0; i < 80; ++i) {
+    bases.push_back(data::testing::random_words(rng, 120));
+    put(data::testing::join(bases.back()));
+  }
+  for (int i = 0; i < 6; ++i) put(data::testing::join(bases[i]) + "\n");  // exact
+  for (int i = 0; i < 9; ++i)
+    put(data::testing::join(data::testing::mutate(bases[10 + i], 1, rng)));  // near
+  put("short");                                                              // length
+  auto out = dir.str() + "/out";
+  auto r = run_keel("prepare --input " + dir.str() + "/in --output " + out +
+                    " --min-length 10 --threads 2 --val-fraction 0.1 --seq-len 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto report = nlohmann::json::parse(data::testing::read_bytes(out + "/report.json"));
+  EXPECT_EQ(report["documents_in"], 96);
+  EXPECT_EQ(report["exact_duplicates"], 6);
+  EXPECT_EQ(report["near_duplicates"], 9);
+  EXPECT_EQ(report["removed_by_length"], 1);
+  EXPECT_EQ(report["documents_out"], 80);
+  EXPECT_GT(report["tokens_out"].get<int64_t>(), 80 * 400);
+  auto meta = nlohmann::json::parse(data::testing::read_bytes(out + "/meta.json"));
+  EXPECT_NE(meta["prepare_command"].get<std::string>().find("--val-fraction"), std::string::npos);
+  EXPECT_NO_THROW(data::ShardSet::open(out, "train"));
+  EXPECT_NO_THROW(data::ShardSet::open(out, "val"));
+  EXPECT_NE(r.output.find("80 documents"), std::string::npos) << r.output;
+}
+
+TEST(PrepareCommand, WrongInputExitsTwoWithAMessage) {
+  data::testing::ScratchDir dir("prepare_cli_bad");
+  auto r = run_keel("prepare --input " + dir.str() + "/missing --output " + dir.str() + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("missing"), std::string::npos) << r.output;
+  write_file(dir / "a.txt", "some text here");
+  r = run_keel("prepare --input " + dir.str() + "/a.txt --output " + dir.str() +
+               "/out --tokenizer bpe");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tokenizer"), std::string::npos) << r.output;
+  r = run_keel("prepare --input " + dir.str() + "/a.txt --output " + dir.str() +
+               "/out --num-perm 100 --bands 16");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// The demo corpus of configs/fortunes.yaml (Debian's `fortunes` package), when installed.
+TEST(PrepareCommand, PreparesTheFortunesCorpus) {
+  const std::string fortunes = "/usr/share/games/fortunes";
+  if (!std::filesystem::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  data::testing::ScratchDir dir("prepare_fortunes");
+  auto r =
+      run_keel("prepare --input " + fortunes + " --output " + dir.str() +
+               " --separator % --cluster source --seq-len 256 --val-fraction 0.05 --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto report = nlohmann::json::parse(data::testing::read_bytes(dir.str() + "/report.json"));
+  EXPECT_GT(report["documents_out"].get<int64_t>(), 1000);
+  EXPECT_GT(report["skipped_files"].size(), 0u);  // the .dat indexes
+  EXPECT_EQ(data::shard_vocab_size(dir.str()), 257);
+}
+
+}  // namespace
+}  // namespace keel::testing

@@ -1,0 +1,201 @@
+// `keel prepare` end to end on planted corpora: dedup and length filters remove exactly what was
+// planted, boundary tokens sit at every document join, JSONL/gzip/zstd/separator inputs read,
+// keep-whole packing, the val split, SentencePiece training, and thread-count determinism.
+#include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "common/error.h"
+#include "data/shard_reader.h"
+#include "data/tokenizer.h"
+#include "data_test_util.h"
+
+namespace keel::data {
+namespace {
+
+using testing::ScratchDir;
+
+struct Planted {
+  std::vector<std::string> docs;
+  int exact = 0, near = 0, short_ = 0, long_ = 0, distinct = 0;
+};
+
+Planted planted_corpus() {
+  Planted p;
+  std::mt19937_64 rng(21);
+  std::vector<std::vector<std::string>> bases;
+  for (int i = 0; i < 120; ++i) {
+    bases.push_back(testing::random_words(rng, 150));
+    p.docs.push_back(testing::join(bases.back()));
+    ++p.distinct;
+  }
+  for (int i = 0; i < 12; ++i) {  // same text up to case and whitespace
+    std::string d = p.docs[i * 7];
+    d[0] = 'W';
+    d += "  \n";
+    p.docs.push_back(d);
+    ++p.exact;
+  }
+  for (int i = 0; i < 15; ++i) {  // two edited words: Jaccard ~0.92 on word 3-shingles
+    p.docs.push_back(testing::join(testing::mutate(bases[i * 5 + 1], 2, rng)));
+    ++p.near;
+  }
+  for (int i = 0; i < 3; ++i) p.docs.push_back("tiny " + std::to_string(i)), ++p.short_;
+  for (int i = 0; i < 2; ++i)
+    p.docs.push_back(testing::join(testing::random_words(rng, 2000))), ++p.long_;
+  return p;
+}
+
+TEST(Prepare, RemovesExactlyThePlantedDuplicatesAndOutliers) {
+  ScratchDir dir("prepare_planted");
+  auto p = planted_corpus();
+  PrepareOptions o;
+  o.length.min_length = 20;
+  o.length.max_length = 5000;
+  o.seq_len = 64;
+  auto r = testing::prepare_docs(dir, p.docs, o);
+  EXPECT_EQ(r["documents_in"], p.docs.size());
+  EXPECT_EQ(r["exact_duplicates"], p.exact);
+  EXPECT_EQ(r["near_duplicates"], p.near);
+  EXPECT_EQ(r["removed_by_length"], p.short_ + p.long_);
+  EXPECT_EQ(r["documents_out"], p.distinct);
+  for (const char* k : {"documents_in", "exact_duplicates", "near_duplicates", "removed_by_length",
+                        "documents_out", "tokens_out", "length_filter", "splits"})
+    EXPECT_TRUE(r.contains(k)) << k;
+  EXPECT_TRUE(std::filesystem::exists(dir / "out/report.txt"));
+
+  // Every kept document is in the stream byte for byte, followed by the boundary token.
+  auto set = ShardSet::open(dir / "out", "train");
+  EXPECT_EQ(set->meta().vocab_size, 257);
+  ASSERT_EQ(static_cast<int64_t>(set->documents().size()), p.distinct);
+  int64_t tokens = 0;
+  for (const auto& rec : set->documents()) {
+    const std::string& text = p.docs[rec.doc_id];
+    std::vector<int64_t> t(rec.length + 1);
+    set->read(rec.offset, rec.length + 1, t.data());
+    ASSERT_EQ(rec.length, text.size());
+    for (size_t i = 0; i < text.size(); ++i) ASSERT_EQ(t[i], static_cast<unsigned char>(text[i]));
+    EXPECT_EQ(t.back(), kByteBoundaryId) << "boundary after document " << rec.doc_id;
+    tokens += rec.length;
+  }
+  EXPECT_EQ(r["tokens_out"], tokens);
+  auto meta = nlohmann::json::parse(testing::read_bytes(dir / "out/meta.json"));
+  EXPECT_EQ(meta["token_dtype"], "uint16");
+  EXPECT_EQ(meta["tokenizer"]["kind"], "byte");
+  EXPECT_EQ(meta["inputs"].size(), p.docs.size());
+}
+
+TEST(Prepare, PercentileTailsAndValSplitAndDeterminism) {
+  ScratchDir a("prepare_tails_a"), b("prepare_tails_b");
+  auto docs = testing::distinct_docs(200, 8);
+  PrepareOptions o;
+  o.length.drop_percentile_tails = 5;
+  o.val_fraction = 0.25;
+  o.threads = 1;
+  auto ra = testing::prepare_docs(a, docs, o);
+  o.threads = 3;
+  auto rb = testing::prepare_docs(b, docs, o);
+  EXPECT_EQ(ra["length_filter"]["removed"]["low_tail"].get<int>() >= 10, true);
+  EXPECT_EQ(ra["length_filter"]["removed"]["high_tail"].get<int>() >= 10, true);
+  int64_t train = ra["splits"]["train"]["documents"], val = ra["splits"]["val"]["documents"];
+  EXPECT_EQ(train + val, ra["documents_out"].get<int64_t>());
+  EXPECT_GT(val, 20);
+  EXPECT_LT(val, 70);
+  auto ma = nlohmann::json::parse(testing::read_bytes(a / "out/meta.json"));
+  auto mb = nlohmann::json::parse(testing::read_bytes(b / "out/meta.json"));
+  EXPECT_EQ(ma["splits"], mb["splits"]) << "output must not depend on the thread count";
+  EXPECT_NO_THROW(ShardSet::open(a / "out", "val"));
+}
+
+TEST(Prepare, KeepWholeStartsShortDocumentsOnWindowBoundaries) {
+  ScratchDir dir("prepare_whole");
+  auto docs = testing::distinct_docs(60, 9);  // 200..500 bytes
+  PrepareOptions o;
+  o.seq_len = 512;
+  o.keep_whole = 1.0;
+  auto r = testing::prepare_docs(dir, docs, o);
+  auto set = ShardSet::open(dir / "out", "train");
+  for (const auto& rec : set->documents())
+    EXPECT_LE(rec.offset % 512 + rec.length, 512u) << "document " << rec.doc_id << " split";
+  EXPECT_GT(r["packing"]["fill_tokens"].get<int64_t>(), 0);
+  // Without it documents straddle windows (the default: nothing is padded).
+  ScratchDir plain("prepare_plain");
+  o.keep_whole = 0;
+  testing::prepare_docs(plain, docs, o);
+  auto set2 = ShardSet::open(plain / "out", "train");
+  int straddle = 0;
+  for (const auto& rec : set2->documents()) straddle += rec.offset % 512 + rec.length > 512;
+  EXPECT_GT(straddle, 5);
+}
+
+TEST(Prepare, ReadsJsonlGzipZstdAndSeparatedText) {
+  ScratchDir dir("prepare_formats");
+  auto docs = testing::distinct_docs(30, 10);
+  std::filesystem::create_directories(dir / "in");
+  std::string jsonl;
+  for (int i = 0; i < 10; ++i) jsonl += nlohmann::json{{"body", docs[i]}, {"id", i}}.dump() + "\n";
+  jsonl += "{not json\n";
+  jsonl += nlohmann::json{{"other", "x"}}.dump() + "\n";
+  gzFile gz = gzopen((dir / "in/a.jsonl.gz").c_str(), "wb");
+  gzwrite(gz, jsonl.data(), static_cast<unsigned>(jsonl.size()));
+  gzclose(gz);
+  std::string zjsonl;
+  for (int i = 10; i < 20; ++i) zjsonl += nlohmann::json{{"body", docs[i]}}.dump() + "\n";
+  std::string z(ZSTD_compressBound(zjsonl.size()), '\0');
+  z.resize(ZSTD_compress(z.data(), z.size(), zjsonl.data(), zjsonl.size(), 3));
+  testing::write_text(dir / "in/b.jsonl.zst", z);
+  std::string sep;
+  for (int i = 20; i < 30; ++i) sep += docs[i] + "\n%\n";
+  testing::write_text(dir / "in/c.txt", sep);
+  testing::write_text(dir / "in/d.dat", std::string("\0\1\2binary", 9));
+  PrepareOptions o;
+  o.inputs = {dir / "in"};
+  o.output = dir / "out";
+  o.input.text_field = "body";
+  o.input.separator = "%";
+  o.threads = 2;
+  auto r = prepare(o);
+  EXPECT_EQ(r["documents_in"], 30);
+  EXPECT_EQ(r["documents_out"], 30);
+  EXPECT_EQ(r["invalid_records"], 2);
+  EXPECT_EQ(r["skipped_files"].size(), 1u);
+  // A glob, and a corrupt zstd input is a DataError naming the file.
+  testing::write_text(dir / "in/b.jsonl.zst", z.substr(0, z.size() / 2));
+  o.inputs = {dir / "in/*.zst"};
+  try {
+    prepare(o);
+    FAIL() << "truncated zstd accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("b.jsonl.zst"), std::string::npos) << e.what();
+  }
+  o.inputs = {dir / "nothing*.txt"};
+  EXPECT_THROW(prepare(o), DataError);
+}
+
+TEST(Prepare, TrainsAndUsesASentencePieceModel) {
+  ScratchDir dir("prepare_spm");
+  auto docs = testing::distinct_docs(150, 12);
+  PrepareOptions o;
+  o.tokenizer = "spm-train:400";
+  auto r = testing::prepare_docs(dir, docs, o);
+  auto set = ShardSet::open(dir / "out", "train");
+  EXPECT_EQ(set->meta().vocab_size, 400);
+  EXPECT_EQ(set->meta().tokenizer["kind"], "spm");
+  EXPECT_LT(r["tokens_out"].get<int64_t>(), r["bytes_in"].get<int64_t>());
+  auto tok = tokenizer_from_meta(set->meta().tokenizer, dir / "out");
+  const auto& rec = set->documents()[0];
+  std::vector<int64_t> t(rec.length + 1);
+  set->read(rec.offset, rec.length + 1, t.data());
+  EXPECT_EQ(t.back(), tok->boundary_id());
+  EXPECT_EQ(tok->decode(t.data(), rec.length), docs[rec.doc_id]);
+  // spm:MODEL reuses it.
+  ScratchDir again("prepare_spm_reuse");
+  o.tokenizer = "spm:" + (dir / "out/tokenizer.model");
+  auto r2 = testing::prepare_docs(again, docs, o);
+  EXPECT_EQ(r2["tokens_out"], r["tokens_out"]);
+  o.tokenizer = "spm:" + (dir / "missing.model");
+  EXPECT_THROW(testing::prepare_docs(again, docs, o), DataError);
+}
+
+}  // namespace
+}  // namespace keel::data
