@@ -44,7 +44,8 @@ std::optional<int64_t> parse_step_dir(const std::string& name) {
   int64_t step = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    if (__builtin_mul_overflow(step, 10, &step) || __builtin_add_overflow(step, name[i] - '0', &step))
+    if (__builtin_mul_overflow(step, 10, &step) ||
+        __builtin_add_overflow(step, name[i] - '0', &step))
       return std::nullopt;
   }
   return step;
@@ -166,7 +167,8 @@ TensorMap load_tensors(const fs::path& dir, const Manifest& m, const std::string
     std::error_code ec;
     if (fs::exists(dir / name, ec)) {
       FileDigest actual = hash_file(dir / name);
-      if (xxh3_hex(actual.xxh3) != f.xxh3) checksum_mismatch(dir / name, xxh3_hex(actual.xxh3), f.xxh3);
+      if (xxh3_hex(actual.xxh3) != f.xxh3)
+        checksum_mismatch(dir / name, xxh3_hex(actual.xxh3), f.xxh3);
     }
     throw;
   }
@@ -182,11 +184,22 @@ std::string load_text(const fs::path& dir, const Manifest& m, const std::string&
 }
 
 // A deep CPU copy, taken on the caller's thread, so training may modify the originals at once.
+// CPU tensors are copied with one memcpy each rather than torch's copy: that one fans out to the
+// intra-op thread pool, whose spinning threads make the stall erratic on a busy machine.
 std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch::Tensor>& in) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [k, t] : in)
-    out.emplace(k, t.detach().to(torch::TensorOptions().device(torch::kCPU), /*non_blocking=*/false,
-                                 /*copy=*/true, torch::MemoryFormat::Contiguous));
+  for (const auto& [k, t] : in) {
+    torch::Tensor src = t.detach();
+    torch::Tensor copy;
+    if (src.device().is_cpu() && src.is_contiguous() && src.layout() == torch::kStrided) {
+      copy = torch::empty(src.sizes(), src.options());
+      if (src.nbytes() > 0) std::memcpy(copy.data_ptr(), src.data_ptr(), src.nbytes());
+    } else {
+      copy = src.to(torch::TensorOptions().device(torch::kCPU), /*non_blocking=*/false,
+                    /*copy=*/true, torch::MemoryFormat::Contiguous);
+    }
+    out.emplace(k, std::move(copy));
+  }
   return out;
 }
 
@@ -240,7 +253,8 @@ VerifyResult verify_checkpoint(const fs::path& dir) {
     return {false, e.what()};
   }
   std::vector<std::string> required = {"model.safetensors", "trainer_state.json"};
-  for (int r = 0; r < m.world_size; ++r) required.push_back(rank_file("optimizer", r, "safetensors"));
+  for (int r = 0; r < m.world_size; ++r)
+    required.push_back(rank_file("optimizer", r, "safetensors"));
   for (const auto& name : required)
     if (!m.files.count(name))
       return {false, (dir / kManifest).string() + ": does not list " + name};
@@ -264,7 +278,8 @@ VerifyResult verify_checkpoint(const fs::path& dir) {
   return {true, ""};
 }
 
-std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir, const std::string& which) {
+std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir,
+                                           const std::string& which) {
   if (which != "latest" && which != "stable") {
     fs::path p = which;
     std::error_code ec;
@@ -279,8 +294,8 @@ std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir, cons
     }
     VerifyResult v = verify_checkpoint(p);
     if (!v.ok)
-      throw CheckpointError(v.problem +
-                            "\nHINT: --resume latest falls back to the newest checkpoint that verifies");
+      throw CheckpointError(
+          v.problem + "\nHINT: --resume latest falls back to the newest checkpoint that verifies");
     return p;
   }
 
@@ -295,7 +310,8 @@ std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir, cons
       failure = pointer.string() + " names " + *target + ", which does not exist";
     } else {
       VerifyResult v = verify_checkpoint(named);
-      if (v.ok && want_stable && !read_manifest(named).stable) v = {false, named.string() + " is not marked stable"};
+      if (v.ok && want_stable && !read_manifest(named).stable)
+        v = {false, named.string() + " is not marked stable"};
       if (v.ok) return named;
       failure = v.problem;
     }
@@ -353,7 +369,8 @@ Checkpointer::Checkpointer(fs::path checkpoints_dir, const config::CheckpointCon
       barrier_(barrier ? std::move(barrier) : Barrier([] {})) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (ec) throw CheckpointError(dir_.string() + ": cannot create checkpoint directory: " + ec.message());
+  if (ec)
+    throw CheckpointError(dir_.string() + ": cannot create checkpoint directory: " + ec.message());
   if (rank_ == 0) remove_stale_tmp();
 }
 
@@ -437,17 +454,18 @@ void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bo
     total_bytes += d.size;
   };
   try {
-    const StringMap meta = {{"format", "pt"}, {"keel_version", keel_version_},
-                            {"step", std::to_string(step)}};
+    const StringMap meta = {
+        {"format", "pt"}, {"keel_version", keel_version_}, {"step", std::to_string(step)}};
     if (rank_ == 0)
-      record("model.safetensors", write_safetensors(staging / "model.safetensors", data.model, meta));
+      record("model.safetensors",
+             write_safetensors(staging / "model.safetensors", data.model, meta));
     std::string opt = rank_file("optimizer", rank_, "safetensors");
     record(opt, write_safetensors(staging / opt, data.optimizer, meta));
     std::string extra = rank_file("extra", rank_, "safetensors");
     record(extra, write_safetensors(staging / extra, data.extra_tensors, meta));
     if (rank_ == 0) {
-      record("trainer_state.json", write_new_file(staging / "trainer_state.json",
-                                                  data.trainer_state.dump(2) + "\n"));
+      record("trainer_state.json",
+             write_new_file(staging / "trainer_state.json", data.trainer_state.dump(2) + "\n"));
       record("config.yaml", write_new_file(staging / "config.yaml", data.config_yaml));
     } else {
       write_new_file(staging / rank_file("files", rank_, "json"), files.dump(2) + "\n");
@@ -491,8 +509,10 @@ void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bo
       if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
         // step_N exists already (saved again after a rollback or resume): swap atomically so a
         // reader sees the old or the new checkpoint, then drop the old one (now at `staging`).
-        if (errno != EEXIST && errno != ENOTEMPTY) throw_io_error(final_dir, "rename failed", errno);
-        if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+        if (errno != EEXIST && errno != ENOTEMPTY)
+          throw_io_error(final_dir, "rename failed", errno);
+        if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) !=
+            0)
           throw_io_error(final_dir, "rename (exchange) failed", errno);
       }
       fsync_dir(dir_);
@@ -542,14 +562,17 @@ void Checkpointer::apply_retention() {
   int64_t ordinary = 0, stable = 0;
   for (const auto& e : entries) {
     bool keep = (latest && *latest == e.name) || (stable_ptr && *stable_ptr == e.name);
-    if (e.stable) keep |= cfg_.stable.keep <= 0 || stable++ < cfg_.stable.keep;
-    else keep |= cfg_.keep_last <= 0 || ordinary++ < cfg_.keep_last;
+    if (e.stable)
+      keep |= cfg_.stable.keep <= 0 || stable++ < cfg_.stable.keep;
+    else
+      keep |= cfg_.keep_last <= 0 || ordinary++ < cfg_.keep_last;
     if (keep) continue;
     // Rename first: a deletion cut short leaves a *.tmp-<pid> (cleaned later), never a step_N
     // with files missing.
     fs::path doomed = dir_ / (e.name + ".del.tmp-" + std::to_string(::getpid()));
     if (::rename(e.path.c_str(), doomed.c_str()) != 0) {
-      log::warn("ckpt", "retention: could not remove {}: {}", e.path.string(), std::strerror(errno));
+      log::warn("ckpt", "retention: could not remove {}: {}", e.path.string(),
+                std::strerror(errno));
       continue;
     }
     remove_quietly(doomed);

@@ -1,6 +1,6 @@
 // Atomic, verified, complete checkpoints (DESIGN.md, "Run directory"):
 //
-//   CHECKPOINTS/step_00001000/            one committed checkpoint (a reader never sees a partial one)
+//   CHECKPOINTS/step_00001000/            a committed checkpoint (readers never see a partial one)
 //     model.safetensors                   rank 0: weights (Hugging Face-loadable)
 //     optimizer.rank{r}.safetensors       rank r: its fp32 optimizer state
 //     extra.rank{r}.safetensors           rank r: RNG states, loss scaler, ... (uint8 etc. tensors)
@@ -96,8 +96,8 @@ VerifyResult verify_checkpoint(const std::filesystem::path& dir);
 // step_* that verifies (for "stable": that is also stable), with a warning naming what failed and
 // what is used. nullopt when there is none. A path is returned if it verifies; otherwise (missing,
 // corrupt) CheckpointError — the user named it, so silently using another one would be wrong.
-std::optional<std::filesystem::path> resolve_checkpoint(const std::filesystem::path& checkpoints_dir,
-                                                        const std::string& which);
+std::optional<std::filesystem::path> resolve_checkpoint(
+    const std::filesystem::path& checkpoints_dir, const std::string& which);
 
 // Verifies the files this rank needs (MANIFEST, model, trainer_state, config, this rank's
 // optimizer/extra) while reading them, in one pass; CheckpointError names the failing file.
@@ -154,7 +154,7 @@ class Checkpointer {
   std::string config_hash_;
   Barrier barrier_;
 
-  std::thread writer_;           // the in-flight async save, if joinable
+  std::thread writer_;  // the in-flight async save, if joinable
   std::exception_ptr writer_error_;
   double last_stall_s_ = 0.0;
   std::atomic<double> last_write_s_{0.0};  // set by whichever thread wrote

@@ -20,8 +20,9 @@ namespace fs = std::filesystem;
 void throw_io_error(const fs::path& path, std::string_view what, int err) {
   std::string msg = path.string() + ": " + std::string(what) + ": " + std::strerror(err);
   if (err == ENOSPC || err == EDQUOT)
-    msg += "\nHINT: the disk holding the checkpoints is full; free space or point checkpoint.dir "
-           "elsewhere. Earlier checkpoints are untouched.";
+    msg +=
+        "\nHINT: the disk holding the checkpoints is full; free space or point checkpoint.dir "
+        "elsewhere. Earlier checkpoints are untouched.";
   throw CheckpointError(msg);
 }
 

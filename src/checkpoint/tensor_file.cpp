@@ -34,9 +34,9 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {torch::kBool, "BOOL", 0},   {torch::kUInt8, "U8", 1},     {torch::kInt8, "I8", 2},
-    {torch::kInt16, "I16", 3},   {torch::kFloat16, "F16", 5},  {torch::kBFloat16, "BF16", 6},
-    {torch::kInt32, "I32", 7},   {torch::kFloat32, "F32", 9},  {torch::kFloat64, "F64", 10},
+    {torch::kBool, "BOOL", 0},  {torch::kUInt8, "U8", 1},    {torch::kInt8, "I8", 2},
+    {torch::kInt16, "I16", 3},  {torch::kFloat16, "F16", 5}, {torch::kBFloat16, "BF16", 6},
+    {torch::kInt32, "I32", 7},  {torch::kFloat32, "F32", 9}, {torch::kFloat64, "F64", 10},
     {torch::kInt64, "I64", 11},
 };
 
@@ -120,8 +120,8 @@ uint64_t read_u64(const void* p) {
 uint64_t json_u64(std::string_view file, const std::string& tensor, const char* field,
                   const nlohmann::json& v) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-    fail(file, "tensor '" + tensor + "': " + field + " must hold non-negative integers, got " +
-                   v.dump());
+    fail(file,
+         "tensor '" + tensor + "': " + field + " must hold non-negative integers, got " + v.dump());
   return v.get<uint64_t>();
 }
 
@@ -170,16 +170,19 @@ SafetensorsHeader parse_header(std::string_view file, std::string_view text, uin
     e.begin = json_u64(file, name, "data_offsets", v["data_offsets"][0]);
     e.end = json_u64(file, name, "data_offsets", v["data_offsets"][1]);
     std::string range = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
-    if (e.end < e.begin) fail(file, "tensor '" + name + "': data_offsets " + range + " are reversed");
+    if (e.end < e.begin)
+      fail(file, "tensor '" + name + "': data_offsets " + range + " are reversed");
     if (e.end > data_size)
-      fail(file, "tensor '" + name + "': data_offsets " + range + " run past the end of the data (" +
-                     std::to_string(data_size) + " bytes; file truncated?)");
+      fail(file, "tensor '" + name + "': data_offsets " + range +
+                     " run past the end of the data (" + std::to_string(data_size) +
+                     " bytes; file truncated?)");
     uint64_t nbytes;
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(e.dtype)), &nbytes) ||
         nbytes != e.end - e.begin)
       fail(file, "tensor '" + name + "': shape " + v["shape"].dump() + " of " + dt + " needs " +
-                     std::to_string(numel * c10::elementSize(e.dtype)) + " bytes but data_offsets " +
-                     range + " hold " + std::to_string(e.end - e.begin));
+                     std::to_string(numel * c10::elementSize(e.dtype)) +
+                     " bytes but data_offsets " + range + " hold " +
+                     std::to_string(e.end - e.begin));
     h.tensors.push_back(std::move(e));
   }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
@@ -245,8 +248,8 @@ RawHeader read_raw_header(int fd, const fs::path& path) {
   if (::fstat(fd, &st) != 0) throw_io_error(path, "stat failed", errno);
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8)
-    fail(path.string(), "file is " + std::to_string(size) +
-                            " bytes, too short for a safetensors header length");
+    fail(path.string(),
+         "file is " + std::to_string(size) + " bytes, too short for a safetensors header length");
   RawHeader r;
   r.prefix_and_text.resize(8);
   pread_full(fd, path, r.prefix_and_text.data(), 8, 0);
@@ -256,8 +259,8 @@ RawHeader read_raw_header(int fd, const fs::path& path) {
                             std::to_string(size) + " bytes (truncated or not safetensors)");
   r.prefix_and_text.resize(8 + n);
   pread_full(fd, path, r.prefix_and_text.data() + 8, n, 8);
-  r.header = parse_header(path.string(), std::string_view(r.prefix_and_text).substr(8),
-                          size - 8 - n);
+  r.header =
+      parse_header(path.string(), std::string_view(r.prefix_and_text).substr(8), size - 8 - n);
   return r;
 }
 
@@ -296,8 +299,7 @@ std::string encode_safetensors(const TensorMap& tensors, const StringMap& metada
   auto prepared = prepare(tensors);
   std::string header = header_for(prepared, metadata);
   std::string out = length_prefix(header.size()) + header;
-  for (const auto& p : prepared)
-    out.append(static_cast<const char*>(p.cpu.data_ptr()), p.nbytes);
+  for (const auto& p : prepared) out.append(static_cast<const char*>(p.cpu.data_ptr()), p.nbytes);
   return out;
 }
 
@@ -343,8 +345,8 @@ SafetensorsContents read_safetensors(const fs::path& path, FileDigest* digest) {
 SafetensorsContents parse_safetensors(std::string_view name, const void* data, size_t size) {
   const auto* bytes = static_cast<const char*>(data);
   if (size < 8)
-    fail(name, "file is " + std::to_string(size) +
-                   " bytes, too short for a safetensors header length");
+    fail(name,
+         "file is " + std::to_string(size) + " bytes, too short for a safetensors header length");
   uint64_t n = read_u64(bytes);
   if (n > kMaxHeaderBytes || n > size - 8)
     fail(name, "header length " + std::to_string(n) + " is impossible for a file of " +

@@ -1,7 +1,7 @@
 // Tensors to and from files in the safetensors format (https://github.com/huggingface/safetensors):
 //   [u64 little-endian N][N bytes of JSON header, space-padded to a multiple of 8][raw bytes]
-//   header: {"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}}
-// offsets are relative to the start of the raw bytes, which the tensors cover without gap or overlap.
+//   header: {"__metadata__": {..}, NAME: {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}}
+// Offsets are relative to the start of the raw bytes, which tensors cover without gap or overlap.
 // The writer lays files out exactly as Python's safetensors.torch.save_file does (tensors sorted by
 // dtype alignment then name, __metadata__ first), so Hugging Face tools load keel's files as-is.
 // The reader is strict: anything malformed throws CheckpointError naming the file and the defect.

@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <set>
 
 #include "common/error.h"
+#include "data/shard_reader.h"
 
 namespace keel::cli {
 
@@ -20,6 +22,27 @@ config::LoadedConfig load(const ConfigArgs& args) {
     return config::load_config_from_string(embedded_default_config(), kEmbeddedConfigName,
                                            args.overrides);
   return config::load_config(args.path, args.overrides);
+}
+
+std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
+                                      const config::ValidateOptions& options) {
+  auto diagnostics = loaded.diagnostics;
+  config::ValidateOptions opts = options;
+  if (loaded.config.data.source == "shards" && !opts.data_vocab_size) {
+    try {
+      opts.data_vocab_size = data::shard_vocab_size(loaded.config.data.path);
+    } catch (const DataError& e) {
+      diagnostics.push_back({config::Diagnostic::Severity::kError, "data.path",
+                             loaded.where("data.path"), e.what()});
+    }
+  }
+  std::set<std::string> failed;
+  for (const auto& d : loaded.diagnostics)
+    if (d.severity == config::Diagnostic::Severity::kError) failed.insert(d.key);
+  for (auto& d : config::validate(loaded, opts))
+    if (!failed.count(d.key)) diagnostics.push_back(std::move(d));
+  config::sort_diagnostics(diagnostics);
+  return diagnostics;
 }
 
 int print_diagnostics(const std::vector<config::Diagnostic>& diagnostics) {

@@ -9,6 +9,10 @@ namespace keel::cli {
 
 void add_config_options(CLI::App& sub, ConfigArgs& args);
 config::LoadedConfig load(const ConfigArgs& args);
+// Loading diagnostics plus validate()'s, sorted. A key that failed to load keeps its default, so
+// validate()'s findings about that key would be about a value the user never wrote: dropped.
+std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
+                                      const config::ValidateOptions& options);
 // Prints diagnostics to stderr; returns the number of errors among them.
 int print_diagnostics(const std::vector<config::Diagnostic>& diagnostics);
 

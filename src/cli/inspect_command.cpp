@@ -1,10 +1,10 @@
 // keel inspect CHECKPOINT_DIR: what a checkpoint holds and whether it verifies.
 // Accepts a step directory, or a checkpoints directory (then the checkpoint LATEST names, with the
 // usual fallback to the newest one that verifies). Exit 0 when it verifies, 2 when not.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
 
@@ -39,8 +39,10 @@ std::string config_summary(const fs::path& file) {
     if (!m) return "(no model section)";
     std::string out;
     for (const char* key : {"arch", "d_model", "n_layers", "n_heads", "vocab_size", "seq_len"})
-      if (m[key]) out += fmt::format("{}{}={}", out.empty() ? "" : " ", key, m[key].as<std::string>());
-    if (root["run"] && root["run"]["name"]) out += " run.name=" + root["run"]["name"].as<std::string>();
+      if (m[key])
+        out += fmt::format("{}{}={}", out.empty() ? "" : " ", key, m[key].as<std::string>());
+    if (root["run"] && root["run"]["name"])
+      out += " run.name=" + root["run"]["name"].as<std::string>();
     return out;
   } catch (const YAML::Exception& e) {
     return std::string("(unreadable: ") + e.what() + ")";
@@ -90,7 +92,7 @@ int inspect(const fs::path& arg) {
     std::cout << "verify:      OK (every file's size and xxh3 match MANIFEST.json)\n";
     return kExitOk;
   }
-  std::cout << "verify:      FAILED\n";
+  std::cout << "verify:      FAILED: " << v.problem << "\n";
   std::cerr << "error: " << v.problem << "\n";
   return kExitUserError;
 }

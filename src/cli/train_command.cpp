@@ -19,10 +19,7 @@ void register_train(CLI::App& app, int& exit_code) {
                   "starts fresh, so a restart loop can always pass it");
   sub->callback([args, options, &exit_code] {
     auto loaded = load(*args);
-    auto diagnostics = loaded.diagnostics;
-    auto more = config::validate(loaded);
-    diagnostics.insert(diagnostics.end(), more.begin(), more.end());
-    config::sort_diagnostics(diagnostics);
+    auto diagnostics = check(loaded, {});
     int errors = print_diagnostics(diagnostics);
     if (errors > 0)
       throw ConfigError(std::to_string(errors) + " config error(s); run `keel validate` for the list");

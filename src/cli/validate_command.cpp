@@ -17,14 +17,11 @@ void register_validate(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   sub->callback([args, print_config, world, &exit_code] {
     auto loaded = load(*args);
-    // Validation runs even when loading found errors: a key that failed to load keeps its
-    // default, so every independent problem is reported in one pass.
+    // Validation runs even when loading found errors, so every independent problem is
+    // reported in one pass.
     config::ValidateOptions options;
     options.world_size = *world;
-    auto diagnostics = loaded.diagnostics;
-    auto more = config::validate(loaded, options);
-    diagnostics.insert(diagnostics.end(), more.begin(), more.end());
-    config::sort_diagnostics(diagnostics);
+    auto diagnostics = check(loaded, options);
     int errors = print_diagnostics(diagnostics);
     if (errors > 0) {
       std::cerr << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": " << errors

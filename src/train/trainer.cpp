@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "data/loader.h"
 #include "data/synthetic.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
@@ -47,9 +48,7 @@ std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int ra
                                                    cfg.model.seq_len, rank, world,
                                                    validation ? kValidationIdBase : 0);
   }
-  // TODO(#3): token shards from `keel prepare`.
-  throw ConfigError("data.source: '" + cfg.data.source +
-                    "' is not available in this build; valid: synthetic");
+  return data::make_shard_source(cfg, rank, world, validation);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_io.h"
+
 namespace keel::testing {
 
 struct CommandResult {
@@ -46,11 +48,16 @@ class TempDir {
   explicit TempDir(const std::string& name)
       : path_(std::filesystem::temp_directory_path() /
               ("keel_test_" + name + "_" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path_);
+    remove();
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { remove(); }
   const std::filesystem::path& path() const { return path_; }
+  // Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (file_io.h).
+  void remove() const {
+    std::error_code ec;
+    checkpoint::remove_tree(path_, ec);
+  }
   std::string str() const { return path_.string(); }
 
  private:

@@ -1,10 +1,11 @@
 // Checkpointer: atomic commit, manifest + checksums, fallback, retention, async, disk full.
+#include "checkpoint/checkpointer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <barrier>
@@ -13,7 +14,6 @@
 #include <fstream>
 #include <thread>
 
-#include "checkpoint/checkpointer.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/tensor_file.h"
 #include "common/error.h"
@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// std::filesystem::remove_all resolves to libtorch.so's incompatible copy and crashes; see file_io.h.
+// Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (see file_io.h).
 void rm_rf(const fs::path& p) {
   std::error_code ec;
   remove_tree(p, ec);
@@ -154,9 +154,9 @@ TEST_F(CheckpointerTest, ManifestListsEveryFileWithSizeAndChecksum) {
     EXPECT_EQ(f.size, fs::file_size(p / name)) << name;
     EXPECT_EQ(f.xxh3, xxh3_hex(hash_file(p / name).xxh3)) << name;
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"config.yaml", "extra.rank0.safetensors",
-                                             "model.safetensors", "optimizer.rank0.safetensors",
-                                             "trainer_state.json"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"config.yaml", "extra.rank0.safetensors", "model.safetensors",
+                                      "optimizer.rank0.safetensors", "trainer_state.json"}));
   EXPECT_EQ(pointer("STABLE"), "step_00000003\n");
   EXPECT_TRUE(verify_checkpoint(p).ok);
   // model.safetensors is plain safetensors with the metadata Hugging Face expects.
@@ -178,7 +178,7 @@ TEST_F(CheckpointerTest, FlippedByteIsCaughtByVerifyAndLoad) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors: checksum mismatch"), std::string::npos)
         << e.what();
   }
-  // A flip in the header, which the strict reader trips over first, is still reported as corruption.
+  // A flip in the header, which the strict reader trips over first, still reads as corruption.
   fs::path q = ck->save(2, make_data(2));
   flip_byte(q / "model.safetensors", 12);
   try {
@@ -199,7 +199,7 @@ TEST_F(CheckpointerTest, ResolveLatestFallsBackToNewestThatVerifies) {
   ck->save(1, d1);
   ck->save(2, make_data(2));
   fs::path newest = ck->save(3, make_data(3));
-  fs::remove(newest / "trainer_state.json");           // newest: a file missing
+  fs::remove(newest / "trainer_state.json");                               // newest: a file missing
   flip_byte(dir_ / "step_00000002" / "optimizer.rank0.safetensors", 200);  // second: corrupt
   auto r = ck->resolve("latest");
   ASSERT_TRUE(r);
@@ -254,9 +254,9 @@ TEST_F(CheckpointerTest, RetentionKeepsLastAndStableAndPointerTargets) {
   // STABLE names it while step 7 is the newest stable one.
   ck->promote_to_stable(5);
   ck->save(8, make_data(8, 100));
-  EXPECT_EQ(entries(dir_), (std::vector<std::string>{"LATEST", "STABLE", "step_00000005",
-                                                     "step_00000006", "step_00000007",
-                                                     "step_00000008"}));
+  EXPECT_EQ(entries(dir_),
+            (std::vector<std::string>{"LATEST", "STABLE", "step_00000005", "step_00000006",
+                                      "step_00000007", "step_00000008"}));
   EXPECT_EQ(pointer("STABLE"), "step_00000005\n");
 }
 
@@ -273,7 +273,7 @@ TEST_F(CheckpointerTest, TmpDirsAreInvisibleAndStaleOnesAreCleaned) {
   copy_flat_dir(dir_ / "step_00000001", live);
   fs::remove(dir_ / "LATEST");
   EXPECT_EQ(resolve_checkpoint(dir_, "latest"), dir_ / "step_00000001");  // never a tmp dir
-  auto ck = make();  // construction cleans up
+  auto ck = make();                                                       // construction cleans up
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
   ck->save(2, make_data(2));

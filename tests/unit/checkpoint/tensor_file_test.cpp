@@ -1,15 +1,15 @@
 // safetensors writer/reader: bit-exact round trips, Python's byte layout, a strict reader.
-#include <gtest/gtest.h>
-#include <unistd.h>
+#include "checkpoint/tensor_file.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
-#include "checkpoint/tensor_file.h"
 #include "common/error.h"
 
 namespace keel::checkpoint {
@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// std::filesystem::remove_all resolves to libtorch.so's incompatible copy and crashes; see file_io.h.
+// Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (see file_io.h).
 void rm_rf(const fs::path& p) {
   std::error_code ec;
   remove_tree(p, ec);
@@ -35,7 +35,8 @@ class SafetensorsTest : public ::testing::Test {
   void TearDown() override { rm_rf(dir_); }
 
   void write_bytes(const fs::path& p, const std::string& bytes) {
-    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   // The CheckpointError message reading `bytes` from a file produces ("" if none is thrown).
   std::string read_error(const std::string& bytes) {
@@ -80,16 +81,15 @@ std::string python_reference_bytes() {
       "     ";
   std::string bytes("\x90\0\0\0\0\0\0\0", 8);
   bytes += header;
-  bytes += std::string("\x07\0\0\0\0\0\0\0", 8);                  // int64 7
-  bytes += std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);    // float 1.0, 2.0
+  bytes += std::string("\x07\0\0\0\0\0\0\0", 8);                // int64 7
+  bytes += std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);  // float 1.0, 2.0
   return bytes;
 }
 
 TEST_F(SafetensorsTest, RoundTripEachDtypeIsBitExact) {
-  const torch::ScalarType dtypes[] = {torch::kFloat32, torch::kBFloat16, torch::kFloat16,
-                                      torch::kInt64,   torch::kInt32,    torch::kUInt8,
-                                      torch::kBool,    torch::kFloat64,  torch::kInt16,
-                                      torch::kInt8};
+  const torch::ScalarType dtypes[] = {
+      torch::kFloat32, torch::kBFloat16, torch::kFloat16, torch::kInt64, torch::kInt32,
+      torch::kUInt8,   torch::kBool,     torch::kFloat64, torch::kInt16, torch::kInt8};
   TensorMap in;
   uint64_t seed = 1;
   for (auto dt : dtypes) {
@@ -201,7 +201,8 @@ TEST_F(SafetensorsTest, StrictReaderRejectsMalformedFiles) {
     EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << c.what << ": " << msg;
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
     // The in-memory parser applies the same rules.
-    EXPECT_THROW(parse_safetensors("mem", c.bytes.data(), c.bytes.size()), CheckpointError) << c.what;
+    EXPECT_THROW(parse_safetensors("mem", c.bytes.data(), c.bytes.size()), CheckpointError)
+        << c.what;
   }
 }
 
@@ -215,7 +216,8 @@ TEST_F(SafetensorsTest, RandomCorruptionNeverCrashes) {
     std::string bad = good;
     int flips = 1 + static_cast<int>(rng() % 3);
     // Mostly the length and header, where a flip changes structure rather than values.
-    for (int f = 0; f < flips; ++f) bad[rng() % std::min<size_t>(bad.size(), 160)] ^= 1 << (rng() % 8);
+    for (int f = 0; f < flips; ++f)
+      bad[rng() % std::min<size_t>(bad.size(), 160)] ^= 1 << (rng() % 8);
     if (rng() % 4 == 0) bad.resize(rng() % bad.size());
     try {
       parse_safetensors("fuzz", bad.data(), bad.size());
@@ -230,8 +232,9 @@ TEST_F(SafetensorsTest, WriterRefusesExistingFileAndUnsupportedDtype) {
   fs::path p = dir_ / "x.safetensors";
   write_safetensors(p, {{"a", torch::ones({2})}});
   EXPECT_THROW(write_safetensors(p, {{"a", torch::ones({2})}}), CheckpointError);
-  EXPECT_THROW(write_safetensors(dir_ / "c.safetensors", {{"c", torch::ones({2}, torch::kComplexFloat)}}),
-               CheckpointError);
+  EXPECT_THROW(
+      write_safetensors(dir_ / "c.safetensors", {{"c", torch::ones({2}, torch::kComplexFloat)}}),
+      CheckpointError);
 }
 
 }  // namespace

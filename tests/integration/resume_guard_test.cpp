@@ -1,0 +1,168 @@
+// Runs of the real binary that exercise checkpoints, resume and the stability guard.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <fstream>
+#include <map>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/tensor_file.h"
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+const std::string kShort =
+    " --set logging.progress=off --set logging.every_steps=1 --set eval.batches=1"
+    " --set eval.every_steps=0 --set schedule.warmup_steps=2 --set run.threads=1"
+    " --set run.deterministic=true --set model.d_model=64 --set model.seq_len=32";
+
+std::map<int64_t, double> losses_by_step(const std::filesystem::path& run_dir) {
+  std::map<int64_t, double> out;
+  for (auto& m : read_jsonl(run_dir / "metrics.jsonl")) out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  return out;
+}
+
+std::vector<std::string> event_kinds(const std::filesystem::path& run_dir, bool skip_checkpoints = true) {
+  std::vector<std::string> kinds;
+  for (auto& e : read_jsonl(run_dir / "events.jsonl")) {
+    auto k = e["kind"].get<std::string>();
+    if (skip_checkpoints && (k == "checkpoint" || k == "stable_snapshot" || k == "run_start" ||
+                             k == "run_end" || k == "resume"))
+      continue;
+    // Advisory warnings (update ratio, clip rate, drift) carry a "signal"; alarms do not.
+    if (skip_checkpoints && k == "warn" && e["detail"].contains("signal")) continue;
+    kinds.push_back(k);
+  }
+  return kinds;
+}
+
+// 2N steps straight, and N steps + a kill -9 + resume + N steps, give the same losses bit for bit
+// and the same final weights.
+TEST(ResumeIntegration, KilledAndResumedRunIsBitExact) {
+  TempDir a("resume_a"), b("resume_b");
+  const std::string base = "train " + source_path("configs/tiny.yaml") + kShort +
+                           " --set run.max_steps=12 --set checkpoint.every_steps=6";
+  auto ra = run_keel(base + " --run-dir " + a.str());
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  // The crash fault kills the process (SIGKILL) at the start of iteration 8: the newest
+  // checkpoint is step 6.
+  auto rb = run_keel(base + " --run-dir " + b.str() +
+                     " --set 'faults=[{kind: crash, at_step: 8}]'");
+  ASSERT_EQ(rb.exit_code, 128 + 9) << rb.output;
+  auto rc = run_keel(base + " --run-dir " + b.str() + " --resume latest");
+  ASSERT_EQ(rc.exit_code, 0) << rc.output;
+
+  auto la = losses_by_step(a.path()), lb = losses_by_step(b.path());
+  ASSERT_EQ(la.size(), 12u);
+  for (auto& [step, loss] : la) {
+    ASSERT_TRUE(lb.count(step)) << step;
+    EXPECT_EQ(std::bit_cast<uint64_t>(loss), std::bit_cast<uint64_t>(lb[step])) << "step " << step;
+  }
+  auto wa = checkpoint::read_safetensors(a.path() / "checkpoints/step_00000012/model.safetensors");
+  auto wb = checkpoint::read_safetensors(b.path() / "checkpoints/step_00000012/model.safetensors");
+  ASSERT_EQ(wa.tensors.size(), wb.tensors.size());
+  for (auto& [name, t] : wa.tensors) EXPECT_TRUE(torch::equal(t, wb.tensors.at(name))) << name;
+  auto kinds = event_kinds(b.path(), false);
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), "resume"), kinds.end());
+}
+
+TEST(ResumeIntegration, ResumeLatestWithoutCheckpointStartsFresh) {
+  TempDir d("resume_fresh");
+  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
+                    " --set run.max_steps=3 --resume latest --run-dir " + d.str());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting fresh"), std::string::npos) << r.output;
+}
+
+TEST(ResumeIntegration, ChangedModelShapeIsRefused) {
+  TempDir d("resume_shape");
+  const std::string base = "train " + source_path("configs/tiny.yaml") + kShort + " --run-dir " + d.str();
+  ASSERT_EQ(run_keel(base + " --set run.max_steps=3").exit_code, 0);
+  auto r = run_keel(base + " --set run.max_steps=5 --set model.n_layers=3 --resume latest");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.n_layers"), std::string::npos) << r.output;
+}
+
+TEST(ResumeIntegration, CorruptNewestCheckpointFallsBack) {
+  TempDir d("resume_corrupt");
+  const std::string base = "train " + source_path("configs/tiny.yaml") + kShort +
+                           " --set checkpoint.every_steps=2 --run-dir " + d.str();
+  ASSERT_EQ(run_keel(base + " --set run.max_steps=4").exit_code, 0);
+  auto weights = d.path() / "checkpoints/step_00000004/model.safetensors";
+  {
+    std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_FALSE(checkpoint::verify_checkpoint(weights.parent_path()).ok);
+  auto r = run_keel(base + " --set run.max_steps=6 --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+  auto events = read_jsonl(d.path() / "events.jsonl");
+  bool resumed_from_2 = false;
+  for (auto& e : events)
+    if (e["kind"] == "resume") resumed_from_2 = e["detail"]["from_step"] == 2;
+  EXPECT_TRUE(resumed_from_2);
+}
+
+// A NaN gradient is skipped: the run goes on, the step counter does not advance for it.
+TEST(GuardIntegration, NanGradientIsSkipped) {
+  TempDir d("guard_nan");
+  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
+                    " --set run.max_steps=20 --set 'faults=[{kind: nan_grad, at_step: 12}]'"
+                    " --run-dir " + d.str());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(event_kinds(d.path()), std::vector<std::string>{"skip_nan"});
+  auto events = read_jsonl(d.path() / "events.jsonl");
+  auto metrics = read_jsonl(d.path() / "metrics.jsonl");
+  EXPECT_EQ(metrics.back()["step"].get<int64_t>(), 20);
+  for (auto& m : metrics) EXPECT_FALSE(m["loss"].is_null());
+}
+
+// A window of garbage data trips the loss alarm: pause, forensics, rollback to the stable
+// snapshot, recovery at a quarter of the lr, and the run still finishes.
+TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
+  TempDir d("guard_corrupt");
+  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
+                    " --set model.d_model=128 --set model.seq_len=128"
+                    " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
+                    " --set checkpoint.stable.window=5 --set stability.median_window=20"
+                    " --set stability.recovery.steps=5 --set optim.lr=3e-3"
+                    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: 1}]'"
+                    " --run-dir " + d.str());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto kinds = event_kinds(d.path());
+  EXPECT_EQ(kinds.back(), "recovery_end");
+  auto pos = [&](const std::string& k) { return std::find(kinds.begin(), kinds.end(), k) - kinds.begin(); };
+  EXPECT_LT(pos("pause"), pos("rollback"));
+  EXPECT_LT(pos("rollback"), pos("recovery_start"));
+  EXPECT_LT(pos("recovery_start"), pos("recovery_end"));
+  for (auto& e : read_jsonl(d.path() / "events.jsonl"))
+    if (e["kind"] == "rollback") {
+      EXPECT_EQ(e["detail"]["to_step"].get<int64_t>(), 40);
+      // Steps 41..46 were taken since the stable snapshot; their data is never trained on again.
+      EXPECT_EQ(e["detail"]["quarantine"]["samples"].get<int64_t>(), 6 * 16);
+    }
+  std::ifstream in(d.path() / "forensics/step_00000045/samples.json");
+  auto samples = nlohmann::json::parse(in);
+  ASSERT_EQ(samples.size(), 8u);  // top_k_samples, by loss
+  EXPECT_GE(samples[0]["loss"].get<double>(), samples[7]["loss"].get<double>());
+  EXPECT_TRUE(samples[0].contains("sample_id"));
+  EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"].get<int64_t>(), 60);
+}
+
+TEST(GuardIntegration, TooManyRollbacksStopWithExitThree) {
+  TempDir d("guard_max");
+  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
+                    " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
+                    " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
+                    " --set stability.median_window=20 --set stability.rollback.max_rollbacks=1"
+                    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: 4}]'"
+                    " --run-dir " + d.str());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("max_rollbacks=1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace keel::testing
