@@ -120,17 +120,23 @@ TEST(GuardIntegration, NanGradientIsSkipped) {
   for (auto& m : metrics) EXPECT_FALSE(m["loss"].is_null());
 }
 
+// The tiny model trained for 45 steps, stable snapshots every 10, then `steps` batches of random
+// tokens: garbage data whose loss is far above the running median.
+std::string corrupt_batch_run(const TempDir& dir, int corrupt_steps, const std::string& extra) {
+  return "train " + source_path("configs/tiny.yaml") + kShort +
+         " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
+         " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
+         " --set stability.median_window=20"
+         " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: " +
+         std::to_string(corrupt_steps) + "}]' --run-dir " + dir.str() + " " + extra;
+}
+
 // A window of garbage data trips the loss alarm: pause, forensics, rollback to the stable
 // snapshot, recovery at a quarter of the lr, and the run still finishes.
 TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
   TempDir d("guard_corrupt");
-  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
-                    " --set model.d_model=128 --set model.seq_len=128"
-                    " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
-                    " --set checkpoint.stable.window=5 --set stability.median_window=20"
-                    " --set stability.recovery.steps=5 --set optim.lr=3e-3"
-                    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: 1}]'"
-                    " --run-dir " + d.str());
+  auto r = run_keel(corrupt_batch_run(
+      d, 1, "--set checkpoint.stable.window=5 --set stability.recovery.steps=5"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto kinds = event_kinds(d.path());
   EXPECT_EQ(kinds.back(), "recovery_end");
@@ -154,12 +160,7 @@ TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
 
 TEST(GuardIntegration, TooManyRollbacksStopWithExitThree) {
   TempDir d("guard_max");
-  auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
-                    " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
-                    " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
-                    " --set stability.median_window=20 --set stability.rollback.max_rollbacks=1"
-                    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: 4}]'"
-                    " --run-dir " + d.str());
+  auto r = run_keel(corrupt_batch_run(d, 4, "--set stability.rollback.max_rollbacks=1"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("max_rollbacks=1"), std::string::npos) << r.output;
 }
