@@ -1,7 +1,6 @@
 // Helpers shared by the data unit tests: temporary directories, planted corpora, small datasets.
 #pragma once
 
-#include <ftw.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,21 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/file_io.h"
 #include "data/prepare.h"
 
 namespace keel::data::testing {
 
-// Removes a directory tree with nftw(3). std::filesystem::remove_all is avoided on purpose: the
-// LibTorch wheel exports its own copy of the std::filesystem symbols, and its remove_all crashes
-// (a call through a null pointer) on a non-empty directory when the binary resolves to it.
+// Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (see
+// checkpoint/file_io.h, whose remove_tree is the project's one replacement).
 inline void remove_tree(const std::string& path) {
-  ::nftw(
-      path.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) {
-        ::remove(p);
-        return 0;
-      },
-      16, FTW_DEPTH | FTW_PHYS);
+  std::error_code ec;
+  checkpoint::remove_tree(path, ec);
 }
 
 class ScratchDir {
