@@ -19,7 +19,9 @@ void register_train(CLI::App& app, int& exit_code) {
                   "starts fresh, so a restart loop can always pass it");
   sub->callback([args, options, &exit_code] {
     auto loaded = load(*args);
-    auto diagnostics = check(loaded, {});
+    config::ValidateOptions validate_options;
+    validate_options.run_dir = options->run_dir;  // the free-space check looks where checkpoints go
+    auto diagnostics = check(loaded, validate_options);
     int errors = print_diagnostics(diagnostics);
     if (errors > 0)
       throw ConfigError(std::to_string(errors) + " config error(s); run `keel validate` for the list");

@@ -1,7 +1,10 @@
 #include <CLI/CLI.hpp>
 
+#include <fmt/format.h>
+
 #include <iostream>
 
+#include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
 
 namespace keel::cli {
@@ -10,12 +13,20 @@ void register_validate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConfigArgs>();
   auto print_config = std::make_shared<bool>(false);
   auto world = std::make_shared<int64_t>(1);
+  auto step_time = std::make_shared<double>(0.0);
+  auto no_probe = std::make_shared<bool>(false);
   auto* sub = app.add_subcommand("validate", "check a config before launch; exit 0 valid, 2 invalid");
   add_config_options(*sub, *args);
   sub->add_flag("--print-config", *print_config, "print the resolved config (YAML) when valid");
   sub->add_option("--world-size", *world, "ranks the run will use (for the global batch)")
       ->check(CLI::PositiveNumber);
-  sub->callback([args, print_config, world, &exit_code] {
+  sub->add_option("--step-time", *step_time,
+                  "measured seconds per optimizer step (from a previous run), for the checkpoint "
+                  "cost estimate")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--no-probe", *no_probe,
+                "skip the disk-write and matmul probes behind the checkpoint cost estimate");
+  sub->callback([args, print_config, world, step_time, no_probe, &exit_code] {
     auto loaded = load(*args);
     // Validation runs even when loading found errors, so every independent problem is
     // reported in one pass.
@@ -30,6 +41,22 @@ void register_validate(CLI::App& app, int& exit_code) {
       return;
     }
     if (*print_config) std::cout << config::to_yaml(loaded.config);
+    CheckpointCostOptions cost_options;
+    cost_options.world_size = *world;
+    cost_options.probe = !*no_probe;
+    if (*step_time > 0) cost_options.step_seconds = *step_time;
+    const auto cost = estimate_checkpoint_cost(loaded.config, cost_options);
+    std::cout << format_checkpoint_cost(cost, loaded.config);
+    if (cost.share && *cost.share > kCheckpointShareWarn) {
+      config::Diagnostic d{config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
+                           loaded.where("checkpoint.every_steps"),
+                           fmt::format("saving costs about {:.1f}% of training time; raise "
+                                       "checkpoint.every_steps{}",
+                                       *cost.share * 100,
+                                       loaded.config.checkpoint.async ? ""
+                                                                      : " or set checkpoint.async: true")};
+      print_diagnostics({d});
+    }
     std::cout << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";
     exit_code = 0;
   });

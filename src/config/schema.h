@@ -101,6 +101,7 @@ struct RollbackConfig {
   bool enabled = true;
   int64_t max_rollbacks = 3;
   bool skip_data = true;
+  int64_t skip_ahead_steps = 0;        // with skip_data: also skip this many steps of data past the pause
   bool operator==(const RollbackConfig&) const = default;
 };
 
@@ -153,6 +154,7 @@ struct LoggingConfig {
   int64_t every_steps = 10;
   bool tensorboard = false;
   std::string progress = "auto";       // auto|on|off
+  bool sample_ids = false;             // RUN_DIR/samples.jsonl: the sample ids of every step
   bool operator==(const LoggingConfig&) const = default;
 };
 
@@ -250,7 +252,7 @@ template <class V> void visit(V& v, ScheduleConfig& c) {
 }
 template <class V> void visit(V& v, RollbackConfig& c) {
   v.field("enabled", c.enabled); v.field("max_rollbacks", c.max_rollbacks);
-  v.field("skip_data", c.skip_data);
+  v.field("skip_data", c.skip_data); v.field("skip_ahead_steps", c.skip_ahead_steps);
 }
 template <class V> void visit(V& v, RecoveryConfig& c) {
   v.field("steps", c.steps); v.field("lr_factor", c.lr_factor);
@@ -277,7 +279,7 @@ template <class V> void visit(V& v, EvalConfig& c) {
 }
 template <class V> void visit(V& v, LoggingConfig& c) {
   v.field("every_steps", c.every_steps); v.field("tensorboard", c.tensorboard);
-  v.field("progress", c.progress);
+  v.field("progress", c.progress); v.field("sample_ids", c.sample_ids);
 }
 template <class V> void visit(V& v, DistributedConfig& c) {
   v.field("backend", c.backend); v.field("timeout_s", c.timeout_s);

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "config/load.h"
@@ -15,6 +17,7 @@ struct ValidateOptions {
   bool check_filesystem = true;           // checkpoint dir writable, free space estimate
   std::optional<int64_t> data_vocab_size; // vocabulary of the prepared data, when known
   std::optional<int64_t> parameter_count; // when known (else estimated from the model shape)
+  std::string run_dir;                    // `keel train --run-dir`; empty = run.out_dir/run.name
 };
 
 // Every problem at once: range and enum rules, cross-key rules, production.validated combinations,
@@ -32,5 +35,15 @@ void sort_diagnostics(std::vector<Diagnostic>& diagnostics);
 // checkpoint for it in bytes (fp32 weights + fp32 AdamW moments + small state).
 int64_t estimate_parameters(const ModelConfig& model);
 int64_t estimate_checkpoint_bytes(const Config& config);
+// Model FLOPs per trained token (forward + backward): 6 x non-embedding parameters, the attention
+// score/value term 12*L*C*T, and the output projection 6*C*V. The same formula as
+// Transformer::flops_per_token(), from the config alone.
+double estimate_flops_per_token(const ModelConfig& model);
+
+// Where checkpoints go when checkpoint.dir is not set: RUN_DIR/checkpoints, with RUN_DIR the
+// given run directory or else run.out_dir/run.name; and the directory that exists now under
+// which it will be created.
+std::filesystem::path checkpoint_dir(const Config& config, const std::string& run_dir = "");
+std::filesystem::path nearest_existing_dir(std::filesystem::path path);
 
 }  // namespace keel::config

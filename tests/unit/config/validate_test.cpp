@@ -320,6 +320,19 @@ TEST(ConfigValidate, FilesystemRefusesAFileInTheWay) {
   EXPECT_TRUE(contains(found[0].message, "not a directory")) << found[0].message;
 }
 
+// `keel train --run-dir DIR` puts checkpoints under DIR, so the check looks there, not at
+// run.out_dir/run.name.
+TEST(ConfigValidate, FilesystemChecksTheRunDirectoryWhenGiven) {
+  const std::string file = temp_path("out_dir_file");
+  std::ofstream(file) << "x";
+  ValidateOptions options;
+  const std::vector<std::string> sets = {"run.out_dir=" + file};
+  EXPECT_EQ(errors(check("", sets, options)).size(), 1u);
+  options.run_dir = temp_path("run_dir") + "/run";
+  EXPECT_TRUE(errors(check("", sets, options)).empty());
+  std::filesystem::remove(file);
+}
+
 TEST(ConfigValidate, FilesystemRefusesAnUnwritableParent) {
   if (geteuid() == 0) GTEST_SKIP() << "root can write anywhere";
   const std::string dir = temp_path("readonly");
@@ -372,7 +385,7 @@ TEST(ConfigEstimate, ParameterCountsMatchPublishedModels) {
 TEST(ConfigEstimate, CheckpointHoldsWeightsAndTwoMoments) {
   Config config;
   const int64_t parameters = estimate_parameters(config.model);
-  EXPECT_EQ(estimate_checkpoint_bytes(config), parameters * 12 + (1 << 20));
+  EXPECT_EQ(estimate_checkpoint_bytes(config), parameters * 12 + (64 << 10));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "config/validate.h"
 
 namespace keel::model {
 namespace {
@@ -189,6 +190,23 @@ TEST_P(ArchTest, LayerPrefixesAndFlops) {
   }
   const double want = 6.0 * non_embedding + 12.0 * 2 * 32 * 16 + 6.0 * 32 * kVocab;
   EXPECT_DOUBLE_EQ(m->flops_per_token(), want);
+}
+
+// `keel validate` estimates from the config alone; it must agree with the built model, tied or
+// not, grouped attention or not.
+TEST_P(ArchTest, ConfigEstimatesMatchTheBuiltModel) {
+  for (bool tied : {true, false}) {
+    for (int64_t kv_heads : {0, 2}) {
+      auto cfg = tiny(GetParam());
+      cfg.tie_embeddings = tied;
+      cfg.n_kv_heads = kv_heads;
+      cfg.qk_norm = kv_heads == 2;
+      Transformer m(cfg);
+      EXPECT_EQ(config::estimate_parameters(cfg), m->num_parameters()) << tied << kv_heads;
+      EXPECT_DOUBLE_EQ(config::estimate_flops_per_token(cfg), m->flops_per_token())
+          << tied << kv_heads;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaAndGpt2, ArchTest, ::testing::Values("llama", "gpt2"));
