@@ -35,12 +35,13 @@ void JsonlFile::write(const JsonRecord& record) {
   std::fflush(file_);
 }
 
-RunFiles RunFiles::open(const std::string& run_dir, bool writer) {
+RunFiles RunFiles::open(const std::string& run_dir, bool writer, bool sample_ids) {
   RunFiles files;
   if (writer) {
     files.metrics = JsonlFile(run_dir + "/metrics.jsonl");
     files.events = JsonlFile(run_dir + "/events.jsonl");
     files.eval = JsonlFile(run_dir + "/eval.jsonl");
+    if (sample_ids) files.samples = JsonlFile(run_dir + "/samples.jsonl");
   }
   return files;
 }

@@ -1,4 +1,5 @@
-// The run directory's append-only record files (metrics.jsonl, events.jsonl, eval.jsonl).
+// The run directory's append-only record files (metrics.jsonl, events.jsonl, eval.jsonl and the
+// optional samples.jsonl).
 // Only rank 0 writes; other ranks get a RunFiles that discards. Each line is flushed as written so
 // a crashed run leaves complete lines behind. Not thread-safe: the trainer thread owns it.
 #pragma once
@@ -27,9 +28,10 @@ class JsonlFile {
 
 struct RunFiles {
   JsonlFile metrics, events, eval;
-  // Opens the three files under run_dir for appending (a resumed run continues them) when
-  // `writer` is true, else discards everything.
-  static RunFiles open(const std::string& run_dir, bool writer);
+  JsonlFile samples;  // samples.jsonl, only when asked for (logging.sample_ids)
+  // Opens the files under run_dir for appending (a resumed run continues them) when `writer` is
+  // true, else discards everything.
+  static RunFiles open(const std::string& run_dir, bool writer, bool sample_ids = false);
 };
 
 }  // namespace keel::monitor

@@ -74,7 +74,7 @@ void Trainer::State::setup() {
     std::ofstream(fs::path(run_dir) / "config.resolved.yaml") << resolved_yaml;
   }
   comm.barrier();
-  files = monitor::RunFiles::open(run_dir, comm.is_main());
+  files = monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
@@ -175,8 +175,14 @@ void Trainer::State::train_step() {
 
   auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   torch::Tensor loss_sum = torch::zeros({}, fp32);
+  std::vector<int64_t> sample_ids;  // logging.sample_ids: this step's data, in order
   for (int64_t micro = 0; micro < accum; ++micro) {
     data::Batch batch = next_batch();
+    if (cfg.logging.sample_ids) {
+      const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
+      sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
+                        ids.data_ptr<int64_t>() + ids.numel());
+    }
     auto tokens = batch.tokens.to(device, /*non_blocking=*/true);
     model::LossOutput out;
     {
@@ -196,6 +202,11 @@ void Trainer::State::train_step() {
     }
   }
   torch::Tensor loss = loss_sum / static_cast<double>(accum);
+  if (cfg.logging.sample_ids)
+    files.samples.write(monitor::JsonRecord()
+                            .add("step", step + 1)
+                            .add("iteration", iteration)
+                            .add("ids", nlohmann::json(sample_ids)));
   if (faults->nan_grad(iteration)) {
     for (auto& p : params)
       if (p.grad().defined()) { p.grad().fill_(std::numeric_limits<float>::quiet_NaN()); break; }

@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "harness.h"
@@ -45,6 +46,41 @@ TEST_F(ShardRunTest, DroppedSamplesStopTheRunWithBothCounts) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("data-count mismatch"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the trainer consumed"), std::string::npos) << r.output;
+}
+
+// The producer sleeps 1.5 s before step 4's batch: the trainer waits (an event and the metric say
+// how long), then trains on exactly the samples a clean run would, none twice and none skipped.
+TEST_F(ShardRunTest, LoaderStallMakesTheRunWaitWithoutReusingSamples) {
+  auto clean = run_keel(train(data(), "--set run.max_steps=12 --set logging.sample_ids=true"));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const auto clean_samples = read_jsonl(dir_.path() / "run/samples.jsonl");
+  std::error_code ec;
+  checkpoint::remove_tree(dir_.path() / "run", ec);
+
+  auto r = run_keel(train(data(), "--set run.max_steps=12 --set logging.sample_ids=true "
+                                  "--set 'faults=[{kind: loader_stall, at_step: 4, seconds: 1.5}]'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double waited_ms = 0;
+  for (const auto& e : read_jsonl(dir_.path() / "run/events.jsonl"))
+    if (e["kind"] == "loader_wait") waited_ms += e["detail"]["wait_ms"].get<double>();
+  EXPECT_GT(waited_ms, 1000) << r.output;
+  double metric_wait_ms = 0;
+  const auto metrics = read_jsonl(dir_.path() / "run/metrics.jsonl");
+  for (const auto& m : metrics) metric_wait_ms += m["loader_wait_ms"].get<double>();
+  EXPECT_GT(metric_wait_ms, 1000);
+  EXPECT_EQ(metrics.back()["samples_seen"].get<int64_t>(), 12 * 16);
+
+  const auto samples = read_jsonl(dir_.path() / "run/samples.jsonl");
+  ASSERT_EQ(samples.size(), 12u);
+  ASSERT_EQ(clean_samples.size(), 12u);
+  std::set<int64_t> seen;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_EQ(samples[i]["step"].get<int64_t>(), static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(samples[i]["ids"], clean_samples[i]["ids"]) << "step " << i + 1;
+    for (int64_t id : samples[i]["ids"].get<std::vector<int64_t>>())
+      EXPECT_TRUE(seen.insert(id).second) << "sample " << id << " served twice";
+  }
+  EXPECT_EQ(seen.size(), 12u * 16u);
 }
 
 TEST_F(ShardRunTest, CorruptShardExitsTwoNamingTheFile) {
