@@ -83,17 +83,23 @@ Decision Guard::observe(const StepSignals& s) {
   const double norm_ratio = baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
   const double loss_ratio = baseline && loss_median > 0 ? s.loss / loss_median : 0.0;
 
-  if (norm_ratio > cfg_.warn_factor) {
+  const bool norm_pause = norm_ratio > cfg_.pause_factor;
+  const bool loss_pause = cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor;
+  // Every pause is preceded by a warn that carries the diagnosis (top layers, global/local), also
+  // when only the loss alarmed: garbage data can raise the loss far more than the clipped-scale
+  // gradient norm.
+  if (norm_ratio > cfg_.warn_factor || loss_pause) {
     note_alarm(s.step);
     auto detail = layer_report(s);
+    detail["alarm"] = norm_ratio > cfg_.warn_factor ? "grad_norm" : "loss";
     detail["grad_norm"] = s.grad_norm;
     detail["grad_norm_median"] = norm_median;
     detail["ratio"] = norm_ratio;
     detail["loss"] = s.loss;
+    detail["loss_median"] = loss_median;
+    detail["loss_ratio"] = loss_ratio;
     d.events.push_back({"warn", detail});
   }
-  const bool norm_pause = norm_ratio > cfg_.pause_factor;
-  const bool loss_pause = cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor;
   if (norm_pause || loss_pause) {
     note_alarm(s.step);
     nlohmann::json detail = {{"reason", norm_pause ? "grad_norm" : "loss"},

@@ -1,7 +1,8 @@
 // The stability state machine (DESIGN.md): it watches one step's signals and decides whether the
 // update is applied, skipped, or the run pauses and rolls back to the newest stable snapshot.
 //
-//   NORMAL ── grad_norm > warn_factor × median ──► warn (event; the update is applied)
+//   NORMAL ── grad_norm > warn_factor × median ──► warn (event; the update is applied); every pause
+//             below is also preceded by a warn carrying the same diagnosis
 //   NORMAL ── non-finite loss or gradient ──► skip the update (skip_nan); max_consecutive_nan in a
 //             row escalate to a pause (nan_policy: pause escalates at once, abort stops the run)
 //   NORMAL ── grad_norm > pause_factor × median, or loss > loss_alarm_factor × median loss ──►

@@ -57,7 +57,7 @@ void Trainer::State::pause_and_rollback(const guard::Decision& decision,
   auto target = checkpointer->resolve("stable");
   if (!target) throw RunStopped("pause at step " + std::to_string(step) + " but no stable snapshot exists to roll back to");
 
-  const int64_t from_step = step, from_micro = micro_taken;
+  const int64_t from_step = step;
   auto data = checkpointer->load(*target);
   const int64_t stable_micro = data.trainer_state.at("micro_taken").get<int64_t>();
   // Data moves forward, the model goes back: with skip_data the window consumed since the stable
@@ -66,11 +66,19 @@ void Trainer::State::pause_and_rollback(const guard::Decision& decision,
   restore(data, /*restore_data=*/replay, /*restore_guard=*/false);
   nlohmann::json quarantine = nullptr;
   if (!replay) {
-    int64_t micro = from_micro - stable_micro;
+    // Skip-ahead: the data source moves on past the pause, counted as taken, so the
+    // consumed-vs-steps cross-check still holds and a resumed run skips the same window.
+    const int64_t ahead = cfg.stability.rollback.skip_ahead_steps * cfg.data.grad_accum_steps;
+    for (int64_t i = 0; i < ahead; ++i) {
+      (void)train_data->next();
+      ++micro_taken;
+    }
+    int64_t micro = micro_taken - stable_micro;
     quarantined_micro += micro;
     const int64_t b = cfg.data.micro_batch_size;
     quarantine = {{"micro_batches", micro}, {"samples", micro * b * comm.world_size()},
-                  {"first_position", stable_micro}, {"end_position", from_micro}};
+                  {"first_position", stable_micro}, {"end_position", micro_taken},
+                  {"skipped_ahead", ahead}};
   }
   nlohmann::json incident = {{"pause_step", from_step}, {"iteration", iteration},
                              {"reason", detail.value("reason", "")}, {"to_step", step}};

@@ -86,6 +86,11 @@ TEST(Guard, LossAlarmPausesOnItsOwn) {
   auto d = g.observe(signals(step, 1.0, 6.5, {1.0}));  // 3.25 x the median loss of 2
   EXPECT_EQ(d.action, Action::kPause);
   EXPECT_EQ(d.events.back().detail["reason"], "loss");
+  // The pause comes with a warn carrying the diagnosis, though the grad norm stayed in band.
+  ASSERT_EQ(kinds(d), (std::vector<std::string>{"warn", "pause"}));
+  EXPECT_EQ(d.events[0].detail["alarm"], "loss");
+  EXPECT_DOUBLE_EQ(d.events[0].detail["loss_ratio"].get<double>(), 3.25);
+  EXPECT_TRUE(d.events[0].detail.contains("verdict"));
 }
 
 TEST(Guard, SpikesDoNotPoisonTheirBaseline) {
