@@ -108,7 +108,7 @@ class AttentionImpl : public torch::nn::Module {
     const double p = is_training() ? dropout_ : 0.0;
     auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
     auto out = proj_(y.transpose(1, 2).reshape({B, T, n_heads_ * D}));  // (B, T, C)
-    if (is_training()) {
+    if (is_training() && record_stats_) {
       // One small reduction kept on the device for the guard's drift check; read at log steps.
       torch::NoGradGuard no_grad;
       last_std_ = out.detach().std().to(torch::kFloat);
@@ -116,6 +116,7 @@ class AttentionImpl : public torch::nn::Module {
     return out;
   }
   const Tensor& last_output_std() const { return last_std_; }  // () fp32 or undefined
+  void set_record_stats(bool on) { record_stats_ = on; }
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;
@@ -123,6 +124,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
   Norm q_norm_{nullptr}, k_norm_{nullptr};
   Tensor last_std_;
+  bool record_stats_ = true;
 };
 TORCH_MODULE(Attention);
 
@@ -168,6 +170,7 @@ class BlockImpl : public torch::nn::Module {
     return x + residual_dropout(mlp_(mlp_norm_(x)), dropout_, is_training());
   }
   const Attention& attention() const { return attn_; }
+  Attention& attention() { return attn_; }
 
  private:
   double dropout_;
@@ -306,6 +309,10 @@ std::vector<std::string> TransformerImpl::layer_prefixes() const {
   std::vector<std::string> out;
   for (int64_t i = 0; i < cfg_.n_layers; ++i) out.push_back("layers." + std::to_string(i) + ".");
   return out;
+}
+
+void TransformerImpl::set_record_activation_stats(bool on) {
+  for (const auto& layer : *layers_) layer->as<BlockImpl>()->attention()->set_record_stats(on);
 }
 
 std::vector<double> TransformerImpl::attention_output_std() const {

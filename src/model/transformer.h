@@ -36,8 +36,11 @@ class TransformerImpl : public torch::nn::Module {
   double flops_per_token() const;
   // Name prefix of each transformer layer's parameters ("layers.0.", ...), for per-layer statistics.
   std::vector<std::string> layer_prefixes() const;
+  // Whether training-mode forwards record the attention-output std (default on). The trainer
+  // turns it on only for the steps whose statistics it reads, sparing a reduction per layer.
+  void set_record_activation_stats(bool on);
   // Per layer, the std of the attention branch's output (after its projection) in the latest
-  // training-mode forward; empty before the first. Reads the device: call at log steps only.
+  // recording training-mode forward; empty before the first. Reads the device: call at log steps only.
   std::vector<double> attention_output_std() const;
 
  private:

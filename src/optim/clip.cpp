@@ -29,13 +29,18 @@ torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params) {
 
 torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm) {
   auto norm = global_grad_norm(params);
+  clip_grad_norm_(params, max_norm, norm);
+  return norm;
+}
+
+void clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm,
+                     const torch::Tensor& norm) {
   auto grads = defined_grads(params);
-  if (grads.empty()) return norm;
+  if (grads.empty()) return;
   // () fp32 coefficient min(1, max_norm / (norm + 1e-6)); multiplying by 1 leaves small gradients
   // unchanged bit for bit, so there is no need for a host-side branch.
   const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
   at::_foreach_mul_(grads, coef);
-  return norm;
 }
 
 torch::Tensor per_param_grad_norms(const std::vector<torch::Tensor>& params) {

@@ -14,6 +14,10 @@ torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params);
 // Scales gradients in place so their global norm is at most max_norm (coefficient
 // min(1, max_norm / (norm + 1e-6)), applied on the device). Returns the norm before clipping.
 torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm);
+// The same with the global norm already computed (the trainer has it from the per-parameter
+// norms the guard reads), saving a pass over every gradient.
+void clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm,
+                     const torch::Tensor& norm);
 
 // Per-parameter L2 norms as one (P) fp32 tensor, same order as params (zeros where no grad).
 torch::Tensor per_param_grad_norms(const std::vector<torch::Tensor>& params);

@@ -172,6 +172,9 @@ void Trainer::State::train_step() {
   faults->maybe_crash(iteration);
   model->train();
   step_samples.clear();
+  const bool is_log_step = (step + 1) % std::max<int64_t>(cfg.logging.every_steps, 1) == 0 ||
+                           step + 1 == cfg.run.max_steps || step == 0;
+  model->set_record_activation_stats(is_log_step && guard);
 
   auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   torch::Tensor loss_sum = torch::zeros({}, fp32);
@@ -221,13 +224,14 @@ void Trainer::State::train_step() {
     grads.push_back(loss);
     comm.all_reduce_mean_(grads);
   }
-  torch::Tensor grad_norm = optim::global_grad_norm(params);
-  const bool is_log_step = (step + 1) % std::max<int64_t>(cfg.logging.every_steps, 1) == 0 ||
-                           step + 1 == cfg.run.max_steps || step == 0;
+  // One pass over the gradients: the per-parameter norms feed the guard's layer norms, and their
+  // norm is the global norm that clipping and the alarms use.
+  torch::Tensor param_norms = optim::per_param_grad_norms(params);
+  torch::Tensor grad_norm = param_norms.norm();
 
   if (guard) {
     // One small host read per step: the guard decides before the update touches the weights.
-    auto layer_norms = layers->reduce(optim::per_param_grad_norms(params));
+    auto layer_norms = layers->reduce(param_norms);
     auto packed = torch::cat({loss.reshape({1}), grad_norm.reshape({1}), layer_norms}).to(torch::kCPU);
     auto* v = packed.data_ptr<float>();
     guard::StepSignals s;
@@ -271,7 +275,7 @@ void Trainer::State::apply_update(const torch::Tensor& grad_norm,
     max_norm = std::min(max_norm, guard->grad_norm_mean() +
                                       cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
   }
-  optim::clip_grad_norm_(params, max_norm);
+  optim::clip_grad_norm_(params, max_norm, grad_norm);
   // A non-finite gradient never reaches the weights: the update is skipped on the device.
   torch::Tensor non_finite = grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
   torch::Tensor found_inf = found_inf_in ? torch::maximum(*found_inf_in, non_finite) : non_finite;

@@ -350,6 +350,10 @@ TEST(ClipTest, PerParamNormsKeepOrderWithZerosForMissingGrads) {
   const auto norms = per_param_grad_norms(ps);
   expect_close(values(norms), {5.0, 0.0, 1.0}, 1e-6);
   EXPECT_NEAR(global_grad_norm(ps).item<double>(), std::sqrt(26.0), 1e-5);
+  // The trainer takes the global norm from the per-parameter ones and clips with it.
+  EXPECT_NEAR(norms.norm().item<double>(), std::sqrt(26.0), 1e-5);
+  clip_grad_norm_(ps, 1.0, norms.norm());
+  EXPECT_NEAR(global_grad_norm(ps).item<double>(), 1.0, 1e-5);
 }
 
 }  // namespace
