@@ -10,6 +10,7 @@
 #include "data/synthetic.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
+#include "train/learning_rate.h"
 #include "train/trainer_state.h"
 
 namespace keel::train {
@@ -167,8 +168,7 @@ void Trainer::State::check_consumed() {
 
 void Trainer::State::train_step() {
   const int64_t accum = cfg.data.grad_accum_steps;
-  const double lr = schedule::lr_at(cfg.schedule, cfg.optim.lr, step, cfg.run.max_steps) *
-                    (guard ? guard->lr_factor(step) : 1.0) * faults->lr_multiplier(iteration);
+  const double lr = effective_lr(cfg, step, iteration, guard.get(), faults.get());
   faults->maybe_crash(iteration);
   model->train();
   step_samples.clear();
@@ -231,6 +231,7 @@ void Trainer::State::train_step() {
 
   if (guard) {
     // One small host read per step: the guard decides before the update touches the weights.
+    const auto guard_start = Clock::now();
     auto layer_norms = layers->reduce(param_norms);
     auto packed = torch::cat({loss.reshape({1}), grad_norm.reshape({1}), layer_norms}).to(torch::kCPU);
     auto* v = packed.data_ptr<float>();
@@ -247,6 +248,7 @@ void Trainer::State::train_step() {
                               {"lr", lr}, {"layer_grad_norms", s.layer_grad_norms}};
     for (auto& e : d.events)
       if (e.kind != "pause") event(e.kind, e.detail);
+    guard_s += seconds_since(guard_start);
     if (d.action == guard::Action::kSkip) {
       // Weights and optimizer state stay untouched; the data moves on.
       if (scaler && found_inf) scaler->update(*found_inf);
@@ -312,6 +314,13 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
   double tokens_per_s = steps_since_log * tokens_per_step / std::max(elapsed, 1e-9);
   double step_ms = elapsed * 1e3 / std::max<int64_t>(steps_since_log, 1);
   data::LoaderStats loader = train_data->take_stats();
+  // The guard's periodic signals (update ratios, attention drift) count toward its time too.
+  std::vector<guard::GuardEvent> periodic;
+  if (guard) {
+    const auto guard_start = Clock::now();
+    periodic = guard->observe_periodic(step, update_ratios, model->attention_output_std());
+    guard_s += seconds_since(guard_start);
+  }
   if (loader.waits > 0)
     event("loader_wait", {{"wait_ms", loader.wait_ms}, {"waits", loader.waits}});
 
@@ -326,6 +335,7 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
       .add("tokens_per_s", tokens_per_s)
       .add("step_ms", step_ms)
       .add("loader_wait_ms", (loader_wait_s * 1e3 + 0.0) / std::max<int64_t>(steps_since_log, 1))
+      .add("guard_ms", guard_s * 1e3 / std::max<int64_t>(steps_since_log, 1))
       .add("queue_depth", loader.queue_depth);
   if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
   rec.add("tokens_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len)
@@ -338,9 +348,7 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
   }
   files.metrics.write(rec);
 
-  if (guard)
-    for (auto& e : guard->observe_periodic(step, update_ratios, model->attention_output_std()))
-      event(e.kind, e.detail);
+  for (auto& e : periodic) event(e.kind, e.detail);
 
   monitor::ProgressSample ps;
   ps.step = step;
@@ -355,6 +363,7 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
 
   check_consumed();
   loader_wait_s = 0.0;
+  guard_s = 0.0;
   steps_since_log = 0;
   log_window_start = Clock::now();
 }

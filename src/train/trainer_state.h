@@ -104,6 +104,7 @@ struct Trainer::State {
 
   // Accumulated between log steps.
   double loader_wait_s = 0.0;
+  double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
   int64_t steps_since_log = 0;
   int64_t clipped_since_log = 0;
   Clock::time_point log_window_start = Clock::now();
