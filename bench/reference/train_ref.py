@@ -78,7 +78,7 @@ class Model(nn.Module):
         for b in self.blocks:
             x = b(x, self.cos, self.sin)
         logits = self.norm(x) @ self.emb.weight.t()
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def main():
