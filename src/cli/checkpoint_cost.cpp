@@ -110,10 +110,7 @@ CheckpointCost estimate_checkpoint_cost(const config::Config& cfg,
       cfg.checkpoint.every_steps > 0 ? cfg.checkpoint.every_steps : cfg.run.max_steps;
 
   if (options.probe) {
-    std::error_code ec;
-    auto dir = config::nearest_existing_dir(config::checkpoint_dir(cfg));
-    const auto canonical = std::filesystem::canonical(dir, ec);
-    if (!ec) dir = canonical;
+    const auto dir = config::nearest_existing_dir(config::checkpoint_dir(cfg));
     cost.probe_dir = dir.string();
     const size_t probe_bytes =
         std::clamp<size_t>(static_cast<size_t>(cost.checkpoint_bytes), size_t{1} << 20, kProbeBytes);

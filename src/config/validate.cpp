@@ -373,8 +373,7 @@ void check_vocab(Checker& c, const ModelConfig& m, int64_t data_vocab) {
 void check_filesystem(Checker& c, const Config& cfg, int64_t parameters, const std::string& run_dir) {
   const fs::path dir = checkpoint_dir(cfg, run_dir);
   std::error_code ec;
-  fs::path existing = nearest_existing_dir(dir);
-  existing = fs::canonical(existing, ec).empty() ? existing : fs::canonical(existing, ec);
+  const fs::path existing = nearest_existing_dir(dir);
   if (!fs::is_directory(existing, ec)) {
     c.error("checkpoint.dir",
             "cannot create " + dir.string() + ": " + existing.string() + " is not a directory");
@@ -445,10 +444,23 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
   return out;
 }
 
-int64_t estimate_parameters(const ModelConfig& m) {
-  // C = d_model, V = vocab, H = heads, Hkv = key/value heads, D = head dim, F = MLP width.
+namespace {
+
+// Token embedding (plus the untied output head) and gpt2's learned positions: the parameters that
+// the FLOPs count leaves out.
+double embedding_parameters(const ModelConfig& m) {
   const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
   const double V = static_cast<double>(std::max<int64_t>(m.vocab_size, 0));
+  double embeddings = V * C * (m.tie_embeddings ? 1 : 2);
+  if (m.arch == "gpt2") embeddings += static_cast<double>(std::max<int64_t>(m.seq_len, 0)) * C;
+  return embeddings;
+}
+
+}  // namespace
+
+int64_t estimate_parameters(const ModelConfig& m) {
+  // C = d_model, H = heads, Hkv = key/value heads, D = head dim, F = MLP width.
+  const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
   const double L = static_cast<double>(std::max<int64_t>(m.n_layers, 0));
   const double H = static_cast<double>(std::max<int64_t>(m.n_heads, 1));
   const double Hkv = static_cast<double>(std::max<int64_t>(effective_kv_heads(m), 1));
@@ -456,9 +468,7 @@ int64_t estimate_parameters(const ModelConfig& m) {
   const double F = static_cast<double>(std::max<int64_t>(effective_d_ff(m), 0));
   const bool gpt2 = m.arch == "gpt2";
 
-  double embeddings = V * C * (m.tie_embeddings ? 1 : 2);
-  if (gpt2)
-    embeddings += static_cast<double>(std::max<int64_t>(m.seq_len, 0)) * C;  // learned positions
+  const double embeddings = embedding_parameters(m);
   // Attention: q and o are C x C; k and v are C x (Hkv*D). gpt2 has biases, llama none.
   double attention = 2 * C * C + 2 * C * Hkv * D;
   if (gpt2) attention += 2 * C + 2 * Hkv * D;
@@ -479,9 +489,8 @@ double estimate_flops_per_token(const ModelConfig& m) {
   const double V = static_cast<double>(std::max<int64_t>(m.vocab_size, 0));
   const double L = static_cast<double>(std::max<int64_t>(m.n_layers, 0));
   const double T = static_cast<double>(std::max<int64_t>(m.seq_len, 0));
-  double embeddings = V * C * (m.tie_embeddings ? 1 : 2);
-  if (m.arch == "gpt2") embeddings += T * C;
-  const double non_embedding = static_cast<double>(estimate_parameters(m)) - embeddings;
+  const double non_embedding =
+      static_cast<double>(estimate_parameters(m)) - embedding_parameters(m);
   return 6.0 * non_embedding + 12.0 * L * C * T + 6.0 * C * V;
 }
 
@@ -498,7 +507,9 @@ fs::path nearest_existing_dir(fs::path p) {
     if (parent == p) break;
     p = parent;
   }
-  return p.empty() ? fs::path(".") : p;
+  if (p.empty()) p = ".";
+  const fs::path canonical = fs::canonical(p, ec);
+  return ec ? p : canonical;
 }
 
 }  // namespace keel::config

@@ -42,7 +42,7 @@ double estimate_flops_per_token(const ModelConfig& model);
 
 // Where checkpoints go when checkpoint.dir is not set: RUN_DIR/checkpoints, with RUN_DIR the
 // given run directory or else run.out_dir/run.name; and the directory that exists now under
-// which it will be created.
+// which it will be created (canonical when it can be resolved).
 std::filesystem::path checkpoint_dir(const Config& config, const std::string& run_dir = "");
 std::filesystem::path nearest_existing_dir(std::filesystem::path path);
 

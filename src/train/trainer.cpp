@@ -10,6 +10,7 @@
 #include "data/synthetic.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
+#include "config/validate.h"
 #include "train/learning_rate.h"
 #include "train/trainer_state.h"
 
@@ -107,8 +108,7 @@ void Trainer::State::setup() {
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 
-  std::string ckpt_dir = cfg.checkpoint.dir.empty() ? (fs::path(run_dir) / "checkpoints").string()
-                                                    : cfg.checkpoint.dir;
+  const std::string ckpt_dir = config::checkpoint_dir(cfg, run_dir).string();
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
       ckpt_dir, cfg.checkpoint, rank, world, KEEL_VERSION,
       std::to_string(std::hash<std::string>{}(resolved_yaml)),
