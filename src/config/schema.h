@@ -21,6 +21,7 @@ struct RunConfig {
   std::string precision = "fp32";      // bf16|fp16|fp32
   bool deterministic = false;
   int64_t threads = 0;                 // intra-op threads; 0 = LibTorch's default
+  std::string host_allocator = "caching";  // caching|system: LibTorch's CPU tensor memory
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -216,6 +217,7 @@ template <class V> void visit(V& v, RunConfig& c) {
   v.field("name", c.name); v.field("out_dir", c.out_dir); v.field("seed", c.seed);
   v.field("max_steps", c.max_steps); v.field("device", c.device); v.field("precision", c.precision);
   v.field("deterministic", c.deterministic); v.field("threads", c.threads);
+  v.field("host_allocator", c.host_allocator);
 }
 template <class V> void visit(V& v, ModelConfig& c) {
   v.field("arch", c.arch); v.field("vocab_size", c.vocab_size); v.field("d_model", c.d_model);

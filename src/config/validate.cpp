@@ -131,6 +131,7 @@ void check_run(Checker& c, const RunConfig& run) {
   c.one_of("run.device", run.device, {"auto", "cpu", "cuda"});
   c.one_of("run.precision", run.precision, {"bf16", "fp16", "fp32"});
   c.at_least("run.threads", run.threads, 0);
+  c.one_of("run.host_allocator", run.host_allocator, {"caching", "system"});
   if (run.precision == "fp16")
     c.warning("run.precision", "fp16 needs loss scaling; bf16 is safer where supported");
 }

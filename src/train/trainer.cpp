@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/host_allocator.h"
 #include "common/log.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
@@ -80,6 +81,11 @@ void Trainer::State::setup() {
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
+  if (cfg.run.host_allocator == "caching") {
+    install_caching_host_allocator(default_host_cache_limit());
+  } else {
+    restore_default_host_allocator();
+  }
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 
