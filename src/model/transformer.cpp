@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "model/fused_ops.h"
 
 namespace keel::model {
 namespace {
@@ -142,8 +143,7 @@ class MlpImpl : public torch::nn::Module {
   Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
     auto h = fc_(x);                  // (B, T, 2F) or (B, T, F)
     if (llama_) {
-      auto gate_up = h.chunk(2, -1);
-      h = F::silu(gate_up[0]) * gate_up[1];
+      h = swiglu(h);
     } else {
       h = F::gelu(h, F::GELUFuncOptions().approximate("tanh"));
     }
