@@ -20,15 +20,15 @@ using Vec = at::vec::Vectorized<float>;
 // Rows per parallel task: enough elements that a task outweighs the fork (~32K, ATen's grain).
 int64_t row_grain(int64_t f) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(f, 1)); }
 
-// The scalar tail's sigmoid; the vector body uses exp_u20, ATen's inline polynomial (2 ULP), which
-// is cheaper than the Sleef call (1 ULP) behind ATen's own silu.
+// exp_u20 is ATen's inline polynomial (2 ULP), cheaper than the Sleef call (1 ULP) behind ATen's
+// own silu; the scalar overload serves the tail of a row.
+inline Vec sigmoid(const Vec& x) { return Vec(1.0f) / (Vec(1.0f) + x.neg().exp_u20()); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
 void swiglu_forward_avx2(const float* gate_up, float* out, int64_t rows, int64_t f) {
   at::parallel_for(0, rows, row_grain(f), [&](int64_t begin, int64_t end) {
-    const Vec one(1.0f);
     for (int64_t r = begin; r < end; ++r) {
       const float* g = gate_up + r * 2 * f;
       const float* u = g + f;
@@ -36,7 +36,7 @@ void swiglu_forward_avx2(const float* gate_up, float* out, int64_t rows, int64_t
       int64_t i = 0;
       for (; i + Vec::size() <= f; i += Vec::size()) {
         const Vec gv = Vec::loadu(g + i), uv = Vec::loadu(u + i);
-        const Vec s = one / (one + gv.neg().exp_u20());
+        const Vec s = sigmoid(gv);
         (gv * s * uv).store(h + i);
       }
       for (; i < f; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
@@ -57,7 +57,7 @@ void swiglu_backward_avx2(const float* gate_up, const float* grad_out, float* gr
       int64_t i = 0;
       for (; i + Vec::size() <= f; i += Vec::size()) {
         const Vec gv = Vec::loadu(g + i), uv = Vec::loadu(u + i), dhv = Vec::loadu(dh + i);
-        const Vec s = one / (one + gv.neg().exp_u20());
+        const Vec s = sigmoid(gv);
         const Vec gs = gv * s;  // silu(gate)
         (dhv * uv * s * (one + gv * (one - s))).store(dg + i);
         (dhv * gs).store(du + i);
