@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/fused_kernels.h"
 
@@ -69,6 +70,170 @@ void swiglu_backward_avx2(const float* gate_up, const float* grad_out, float* gr
       }
     }
   });
+}
+
+namespace {
+
+// y1 = x1 c + sign * x2 s, y2 = x2 c - sign * x1 s over one head: sign -1 rotates forward, +1
+// back (the transpose). x and y are `half` apart pairs; y may not alias x.
+template <int kSign>
+inline void rotate_head(const float* x, const float* c, const float* s, float* y, int64_t half) {
+  int64_t i = 0;
+  for (; i + Vec::size() <= half; i += Vec::size()) {
+    const Vec x1 = Vec::loadu(x + i), x2 = Vec::loadu(x + half + i);
+    const Vec cv = Vec::loadu(c + i), sv = Vec::loadu(s + i);
+    if constexpr (kSign < 0) {
+      at::vec::fmsub(x1, cv, x2 * sv).store(y + i);
+      at::vec::fmadd(x2, cv, x1 * sv).store(y + half + i);
+    } else {
+      at::vec::fmadd(x1, cv, x2 * sv).store(y + i);
+      at::vec::fmsub(x2, cv, x1 * sv).store(y + half + i);
+    }
+  }
+  for (; i < half; ++i) {
+    const float x1 = x[i], x2 = x[half + i];
+    y[i] = x1 * c[i] + kSign * x2 * s[i];
+    y[half + i] = x2 * c[i] - kSign * x1 * s[i];
+  }
+}
+
+inline const float* head_ptr(const HeadsView& v, int64_t b, int64_t t, int64_t h) {
+  return v.data + b * v.stride_b + t * v.stride_t + h * v.stride_h;
+}
+
+}  // namespace
+
+void qkv_rope_forward_avx2(const float* qkv, const float* cos, const float* sin, float* q, float* k,
+                           float* v, int64_t batch, int64_t seq, int64_t n_heads,
+                           int64_t n_kv_heads, int64_t head_dim) {
+  const int64_t half = head_dim / 2, width = (n_heads + 2 * n_kv_heads) * head_dim;
+  const int64_t kv_width = n_kv_heads * head_dim;
+  at::parallel_for(0, batch * seq, row_grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = qkv + r * width;
+      const float* c = cos + (r % seq) * half;
+      const float* s = sin + (r % seq) * half;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        rotate_head<-1>(row + h * head_dim, c, s, q + (r * n_heads + h) * head_dim, half);
+      }
+      for (int64_t h = 0; h < n_kv_heads; ++h) {
+        rotate_head<-1>(row + (n_heads + h) * head_dim, c, s, k + (r * n_kv_heads + h) * head_dim,
+                        half);
+      }
+      std::copy_n(row + (n_heads + n_kv_heads) * head_dim, kv_width, v + r * kv_width);
+    }
+  });
+}
+
+void qkv_rope_backward_avx2(HeadsView dq, HeadsView dk, HeadsView dv, const float* cos,
+                            const float* sin, float* grad_qkv, int64_t batch, int64_t seq,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  const int64_t half = head_dim / 2, width = (n_heads + 2 * n_kv_heads) * head_dim;
+  at::parallel_for(0, batch * seq, row_grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / seq, t = r % seq;
+      float* row = grad_qkv + r * width;
+      const float* c = cos + t * half;
+      const float* s = sin + t * half;
+      // Heads in qkv order: H of q, Hkv of k (both rotated back), Hkv of v (copied).
+      for (int64_t j = 0; j < n_heads + 2 * n_kv_heads; ++j) {
+        const bool is_q = j < n_heads, is_k = !is_q && j < n_heads + n_kv_heads;
+        const HeadsView& g = is_q ? dq : is_k ? dk : dv;
+        const int64_t h = is_q ? j : is_k ? j - n_heads : j - n_heads - n_kv_heads;
+        float* out = row + j * head_dim;
+        if (g.data == nullptr) {
+          std::fill_n(out, head_dim, 0.0f);
+        } else if (is_q || is_k) {
+          rotate_head<+1>(head_ptr(g, b, t, h), c, s, out, half);
+        } else {
+          std::copy_n(head_ptr(g, b, t, h), head_dim, out);
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+// Sum of a[i] * b[i] over n, vector lanes first, then the tail.
+inline float dot(const float* a, const float* b, int64_t n) {
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  float sum = at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return x + y; }, acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+void rms_norm_forward_avx2(const float* x, const float* weight, float* out, float* rstd,
+                           int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * n;
+      float* yr = out + r * n;
+      const float rs = 1.0f / std::sqrt(dot(xr, xr, n) / static_cast<float>(n) + eps);
+      rstd[r] = rs;
+      const Vec rsv(rs);
+      int64_t i = 0;
+      for (; i + Vec::size() <= n; i += Vec::size()) {
+        (Vec::loadu(xr + i) * rsv * Vec::loadu(weight + i)).store(yr + i);
+      }
+      for (; i < n; ++i) yr[i] = xr[i] * rs * weight[i];
+    }
+  });
+}
+
+void rms_norm_backward_avx2(const float* x, const float* weight, const float* rstd,
+                            const float* grad_out, float* grad_x, float* grad_weight, int64_t rows,
+                            int64_t n) {
+  // grad_weight is a reduction over rows: each of a fixed number of row blocks sums into its
+  // own partial, and the partials are added in block order, so the result does not depend on
+  // which thread ran which block.
+  if (rows <= 0) {
+    std::fill_n(grad_weight, n, 0.0f);
+    return;
+  }
+  const int64_t blocks = std::min<int64_t>(rows, std::max<int64_t>(1, at::get_num_threads()));
+  const int64_t block_rows = (rows + blocks - 1) / blocks;
+  std::vector<float> partial(static_cast<size_t>(blocks * n), 0.0f);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  at::parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    for (int64_t blk = block_begin; blk < block_end; ++blk) {
+      float* gw = partial.data() + blk * n;
+      for (int64_t r = blk * block_rows; r < std::min(rows, (blk + 1) * block_rows); ++r) {
+        const float* xr = x + r * n;
+        const float* dy = grad_out + r * n;
+        float* dx = grad_x + r * n;
+        const float rs = rstd[r];
+        // mean(g * xhat) = rstd * mean(dy * w * x)
+        Vec acc(0.0f);
+        int64_t i = 0;
+        for (; i + Vec::size() <= n; i += Vec::size()) {
+          acc = at::vec::fmadd(Vec::loadu(dy + i) * Vec::loadu(weight + i), Vec::loadu(xr + i), acc);
+        }
+        float sum = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, acc);
+        for (; i < n; ++i) sum += dy[i] * weight[i] * xr[i];
+        const float coef = rs * rs * rs * sum * inv_n;  // rstd * xhat-coefficient folded into x
+        const Vec rsv(rs), coefv(coef);
+        i = 0;
+        for (; i + Vec::size() <= n; i += Vec::size()) {
+          const Vec xv = Vec::loadu(xr + i), dyv = Vec::loadu(dy + i);
+          at::vec::fmsub(dyv * Vec::loadu(weight + i), rsv, xv * coefv).store(dx + i);
+          at::vec::fmadd(dyv * xv, rsv, Vec::loadu(gw + i)).store(gw + i);
+        }
+        for (; i < n; ++i) {
+          dx[i] = dy[i] * weight[i] * rs - xr[i] * coef;
+          gw[i] += dy[i] * xr[i] * rs;
+        }
+      }
+    }
+  });
+  std::copy_n(partial.data(), n, grad_weight);
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    for (int64_t i = 0; i < n; ++i) grad_weight[i] += partial[blk * n + i];
+  }
 }
 
 }  // namespace keel::model::kernels

@@ -40,6 +40,69 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
     return {grad};
   }
 };
+
+struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight, double eps) {
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    auto out = at::empty_like(x);
+    auto rstd = at::empty({rows}, x.options());
+    kernels::rms_norm_forward_avx2(x.const_data_ptr<float>(), weight.const_data_ptr<float>(),
+                                   out.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(),
+                                   rows, n, static_cast<float>(eps));
+    ctx->save_for_backward({x, weight, rstd});
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const auto grad_out = grads[0].contiguous();
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    auto grad_x = at::empty_like(x);
+    auto grad_weight = at::empty_like(weight);
+    kernels::rms_norm_backward_avx2(x.const_data_ptr<float>(), weight.const_data_ptr<float>(),
+                                    rstd.const_data_ptr<float>(), grad_out.const_data_ptr<float>(),
+                                    grad_x.mutable_data_ptr<float>(),
+                                    grad_weight.mutable_data_ptr<float>(), rows, n);
+    return {grad_x, grad_weight, Tensor()};
+  }
+};
+
+kernels::HeadsView heads_view(const Tensor& grad) {  // (B, T, h, D), D contiguous, or undefined
+  if (!grad.defined()) return {nullptr, 0, 0, 0};
+  return {grad.const_data_ptr<float>(), grad.stride(0), grad.stride(1), grad.stride(2)};
+}
+
+struct FusedQkvRope : torch::autograd::Function<FusedQkvRope> {
+  static tensor_list forward(AutogradContext* ctx, const Tensor& qkv, const Tensor& cos,
+                             const Tensor& sin, int64_t n_heads, int64_t n_kv_heads) {
+    const int64_t B = qkv.size(0), T = qkv.size(1);
+    const int64_t D = qkv.size(2) / (n_heads + 2 * n_kv_heads);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["shape"] = std::vector<int64_t>{B, T, n_heads, n_kv_heads, D};
+    auto q = at::empty({B, T, n_heads, D}, qkv.options());
+    auto k = at::empty({B, T, n_kv_heads, D}, qkv.options());
+    auto v = at::empty({B, T, n_kv_heads, D}, qkv.options());
+    kernels::qkv_rope_forward_avx2(qkv.const_data_ptr<float>(), cos.const_data_ptr<float>(),
+                                   sin.const_data_ptr<float>(), q.mutable_data_ptr<float>(),
+                                   k.mutable_data_ptr<float>(), v.mutable_data_ptr<float>(), B, T,
+                                   n_heads, n_kv_heads, D);
+    return {q, k, v};
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const int64_t B = shape[0], T = shape[1], H = shape[2], Hkv = shape[3], D = shape[4];
+    // The kernel reads any (B, T, h) strides but needs each head's D values contiguous.
+    for (auto& g : grads) {
+      if (g.defined() && g.stride(3) != 1) g = g.contiguous();
+    }
+    auto grad_qkv = at::empty({B, T, (H + 2 * Hkv) * D}, saved[0].options());
+    kernels::qkv_rope_backward_avx2(heads_view(grads[0]), heads_view(grads[1]), heads_view(grads[2]),
+                                    saved[0].const_data_ptr<float>(), saved[1].const_data_ptr<float>(),
+                                    grad_qkv.mutable_data_ptr<float>(), B, T, H, Hkv, D);
+    return {grad_qkv, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
 #endif
 
 }  // namespace
@@ -64,6 +127,75 @@ Tensor swiglu(const Tensor& gate_up) {
   if (swiglu_is_fused(gate_up)) return FusedSwiglu::apply(gate_up);
 #endif
   return swiglu_composite(gate_up);
+}
+
+bool rms_norm_is_fused(const Tensor& x, const Tensor& weight) {
+#if KEEL_HAVE_X86_KERNELS
+  return kCpuHasAvx2Fma && x.device().is_cpu() && x.scalar_type() == torch::kFloat &&
+         x.is_contiguous() && x.dim() >= 1 && x.size(-1) > 0 && weight.device().is_cpu() &&
+         weight.scalar_type() == torch::kFloat && weight.is_contiguous() && weight.dim() == 1 &&
+         weight.size(0) == x.size(-1);
+#else
+  return false;
+#endif
+}
+
+Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps) {
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+#if KEEL_HAVE_X86_KERNELS
+  if (rms_norm_is_fused(x, weight)) return FusedRmsNorm::apply(x, weight, eps);
+#endif
+  return rms_norm_composite(x, weight, eps);
+}
+
+Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  // Cast to x's dtype so that under autocast the rotation stays in the compute dtype.
+  const auto c = cos.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
+  const auto s = sin.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
+  const auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+bool split_qkv_rope_is_fused(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                             int64_t n_heads, int64_t n_kv_heads) {
+#if KEEL_HAVE_X86_KERNELS
+  if (!kCpuHasAvx2Fma || qkv.dim() != 3 || n_heads <= 0 || n_kv_heads <= 0) return false;
+  const int64_t heads = n_heads + 2 * n_kv_heads;
+  if (qkv.size(2) % heads != 0 || (qkv.size(2) / heads) % 2 != 0) return false;
+  const int64_t half = qkv.size(2) / heads / 2;
+  auto eligible_table = [&](const Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous() &&
+           t.dim() == 2 && t.size(0) >= qkv.size(1) && t.size(1) == half;
+  };
+  return qkv.device().is_cpu() && qkv.scalar_type() == torch::kFloat && qkv.is_contiguous() &&
+         eligible_table(cos) && eligible_table(sin);
+#else
+  return false;
+#endif
+}
+
+QkvHeads split_qkv_rope_composite(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                                  int64_t n_heads, int64_t n_kv_heads) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (n_heads + 2 * n_kv_heads);
+  auto parts = qkv.split({n_heads * D, n_kv_heads * D, n_kv_heads * D}, -1);
+  return {apply_rope(parts[0].view({B, T, n_heads, D}), cos, sin),
+          apply_rope(parts[1].view({B, T, n_kv_heads, D}), cos, sin),
+          parts[2].view({B, T, n_kv_heads, D})};
+}
+
+QkvHeads split_qkv_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t n_heads,
+                        int64_t n_kv_heads) {
+#if KEEL_HAVE_X86_KERNELS
+  if (split_qkv_rope_is_fused(qkv, cos, sin, n_heads, n_kv_heads)) {
+    auto heads = FusedQkvRope::apply(qkv, cos, sin, n_heads, n_kv_heads);
+    return {heads[0], heads[1], heads[2]};
+  }
+#endif
+  return split_qkv_rope_composite(qkv, cos, sin, n_heads, n_kv_heads);
 }
 
 }  // namespace keel::model

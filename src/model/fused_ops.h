@@ -20,4 +20,28 @@ torch::Tensor swiglu_composite(const torch::Tensor& gate_up);
 // Whether swiglu() takes the fused path for this tensor.
 bool swiglu_is_fused(const torch::Tensor& gate_up);
 
+// RMSNorm over the last dimension with a gain: x (..., n), weight (n) -> (..., n), the value of
+// at::rms_norm. Fused (one pass forward, one pass backward for both gradients) for contiguous
+// fp32 CPU tensors; at::rms_norm's own backward is a chain of autograd ops.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight);
+
+// Rotary embedding, "rotate half" layout: x (B, T, h, D), cos/sin (>= T, D/2) -> (B, T, h, D).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Attention heads from a fused QKV projection (B, T, (H + 2 Hkv) D), laid out [q | k | v]:
+// q (B, T, H, D), k and v (B, T, Hkv, D), with q and k rotated by apply_rope's tables. Fused (one
+// pass forward that also makes the heads contiguous, one pass backward that writes the gradient
+// of qkv whole) for fp32 CPU tensors; otherwise split, view and apply_rope.
+struct QkvHeads {
+  torch::Tensor q, k, v;
+};
+QkvHeads split_qkv_rope(const torch::Tensor& qkv, const torch::Tensor& cos,
+                        const torch::Tensor& sin, int64_t n_heads, int64_t n_kv_heads);
+QkvHeads split_qkv_rope_composite(const torch::Tensor& qkv, const torch::Tensor& cos,
+                                  const torch::Tensor& sin, int64_t n_heads, int64_t n_kv_heads);
+bool split_qkv_rope_is_fused(const torch::Tensor& qkv, const torch::Tensor& cos,
+                             const torch::Tensor& sin, int64_t n_heads, int64_t n_kv_heads);
+
 }  // namespace keel::model

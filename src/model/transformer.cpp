@@ -37,8 +37,8 @@ class NormImpl : public torch::nn::Module {
     if (rms_) {
       // Under autocast a bf16/fp16 input (q, k from a linear) meets the fp32 gain; normalise in
       // fp32, which also keeps the fused kernel eligible, and hand back the input's dtype.
-      if (x.scalar_type() == weight_.scalar_type()) return at::rms_norm(x, {dim_}, weight_, kNormEps);
-      return at::rms_norm(x.to(weight_.scalar_type()), {dim_}, weight_, kNormEps).to(x.scalar_type());
+      if (x.scalar_type() == weight_.scalar_type()) return rms_norm(x, weight_, kNormEps);
+      return rms_norm(x.to(weight_.scalar_type()), weight_, kNormEps).to(x.scalar_type());
     }
     return at::layer_norm(x, {dim_}, weight_, bias_, kNormEps);
   }
@@ -49,16 +49,6 @@ class NormImpl : public torch::nn::Module {
   Tensor weight_, bias_;
 };
 TORCH_MODULE(Norm);
-
-// Rotary embedding, "rotate half" layout: x (B, T, h, D), cos/sin (T_max, D/2) -> (B, T, h, D).
-Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const int64_t T = x.size(1), half = x.size(3) / 2;
-  // Cast to x's dtype so that under autocast the rotation stays in the compute dtype.
-  const auto c = cos.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
-  const auto s = sin.narrow(0, 0, T).view({1, T, 1, half}).to(x.scalar_type());
-  const auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
-}
 
 // (B, Hkv, T, D) -> (B, Hkv * groups, T, D), kv head j serving query heads j*groups .. +groups-1
 // (the repeat_interleave layout). Materialised so every SDPA backend stays eligible.
@@ -90,17 +80,26 @@ class AttentionImpl : public torch::nn::Module {
   // x (B, T, C); cos/sin (T_max, D/2) or undefined (no rotary) -> (B, T, C)
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
-    auto parts = qkv_(x).split({n_heads_ * D, n_kv_heads_ * D, n_kv_heads_ * D}, -1);
-    auto q = parts[0].view({B, T, n_heads_, D});     // (B, T, H, D)
-    auto k = parts[1].view({B, T, n_kv_heads_, D});  // (B, T, Hkv, D)
-    auto v = parts[2].view({B, T, n_kv_heads_, D});
-    if (q_norm_) {
-      q = q_norm_(q);
-      k = k_norm_(k);
-    }
-    if (cos.defined()) {
-      q = apply_rope(q, cos, sin);
-      k = apply_rope(k, cos, sin);
+    const auto qkv = qkv_(x);  // (B, T, (H + 2 Hkv) D)
+    Tensor q, k, v;
+    if (cos.defined() && !q_norm_) {  // split and rotate in one pass where the kernel applies
+      auto heads = split_qkv_rope(qkv, cos, sin, n_heads_, n_kv_heads_);
+      q = std::move(heads.q);
+      k = std::move(heads.k);
+      v = std::move(heads.v);
+    } else {
+      auto parts = qkv.split({n_heads_ * D, n_kv_heads_ * D, n_kv_heads_ * D}, -1);
+      q = parts[0].view({B, T, n_heads_, D});     // (B, T, H, D)
+      k = parts[1].view({B, T, n_kv_heads_, D});  // (B, T, Hkv, D)
+      v = parts[2].view({B, T, n_kv_heads_, D});
+      if (q_norm_) {
+        q = q_norm_(q);
+        k = k_norm_(k);
+      }
+      if (cos.defined()) {
+        q = apply_rope(q, cos, sin);
+        k = apply_rope(k, cos, sin);
+      }
     }
     // Norms and rotary may have promoted q/k to fp32 under autocast; SDPA wants one dtype.
     q = q.to(v.scalar_type()).transpose(1, 2);                               // (B, H, T, D)

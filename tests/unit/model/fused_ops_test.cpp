@@ -46,5 +46,91 @@ TEST(FusedOps, SwigluTakesTheCompositeWhereTheKernelDoesNotApply) {
   EXPECT_EQ(swiglu(bf16).scalar_type(), torch::kBFloat16);
 }
 
+TEST(FusedOps, RmsNormMatchesTheCompositeForwardAndBothGradients) {
+  torch::manual_seed(7);
+  // n = 45: vectors and a scalar tail; rows not a multiple of the thread count; a zero row.
+  for (int64_t n : {45, 320}) {
+    auto input = torch::randn({3, 7, n}) * 3.0;
+    input[1][2].zero_();
+    const auto gain = torch::rand({n}) + 0.5;
+    const auto weights = torch::randn({3, 7, n});
+    if (!rms_norm_is_fused(input, gain)) GTEST_SKIP() << "no AVX2+FMA on this CPU";
+    auto run = [&](bool fused) {
+      auto x = input.clone().requires_grad_(true);
+      auto w = gain.clone().requires_grad_(true);
+      auto y = fused ? rms_norm(x, w, 1e-5) : rms_norm_composite(x, w, 1e-5);
+      (y * weights).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+    };
+    const auto fused = run(true), ref = run(false);
+    EXPECT_TRUE(torch::allclose(fused[0], ref[0], 1e-5, 1e-6)) << (fused[0] - ref[0]).abs().max();
+    EXPECT_TRUE(torch::allclose(fused[1], ref[1], 1e-4, 1e-5)) << (fused[1] - ref[1]).abs().max();
+    EXPECT_TRUE(torch::allclose(fused[2], ref[2], 1e-4, 1e-4)) << (fused[2] - ref[2]).abs().max();
+  }
+  EXPECT_FALSE(rms_norm_is_fused(torch::randn({4, 8}), torch::ones({7})));
+  EXPECT_FALSE(rms_norm_is_fused(torch::randn({4, 8}).to(torch::kBFloat16), torch::ones({8})));
+}
+
+// q, k, v of split_qkv_rope(_composite) and the gradient of qkv under a weighted sum of all three.
+struct HeadsAndGrad {
+  QkvHeads heads;
+  torch::Tensor grad;
+};
+HeadsAndGrad heads_and_grad(bool fused, const torch::Tensor& qkv, const torch::Tensor& cos,
+                            const torch::Tensor& sin, int64_t h, int64_t hkv,
+                            const std::vector<torch::Tensor>& weights, bool use_k = true) {
+  auto x = qkv.detach().clone().requires_grad_(true);
+  auto heads = fused ? split_qkv_rope(x, cos, sin, h, hkv) : split_qkv_rope_composite(x, cos, sin, h, hkv);
+  // SDPA sees the heads transposed to (B, h, T, D) and hands back gradients in that layout.
+  auto loss = (heads.q.transpose(1, 2) * weights[0].transpose(1, 2)).sum() +
+              (heads.v * weights[2]).sum();
+  if (use_k) loss = loss + (heads.k * weights[1]).sum();
+  loss.backward();
+  return {{heads.q.detach(), heads.k.detach(), heads.v.detach()}, x.grad()};
+}
+
+TEST(FusedOps, SplitQkvRopeMatchesTheCompositeForwardAndBackward) {
+  torch::manual_seed(5);
+  // D = 64 (four vectors per half) and D = 20 (one vector and a scalar tail); with and without GQA;
+  // tables longer than the sequence, as the model's are.
+  struct Shape { int64_t b, t, h, hkv, d; };
+  for (const Shape& sh : {Shape{2, 9, 4, 4, 64}, Shape{3, 5, 6, 2, 20}}) {
+    const int64_t half = sh.d / 2;
+    const auto angles = torch::rand({sh.t + 3, half}) * 6.28;
+    const auto cos = angles.cos(), sin = angles.sin();
+    const auto qkv = torch::randn({sh.b, sh.t, (sh.h + 2 * sh.hkv) * sh.d});
+    if (!split_qkv_rope_is_fused(qkv, cos, sin, sh.h, sh.hkv)) {
+      GTEST_SKIP() << "no AVX2+FMA on this CPU: split_qkv_rope is the composite";
+    }
+    const std::vector<torch::Tensor> w = {torch::randn({sh.b, sh.t, sh.h, sh.d}),
+                                          torch::randn({sh.b, sh.t, sh.hkv, sh.d}),
+                                          torch::randn({sh.b, sh.t, sh.hkv, sh.d})};
+    for (bool use_k : {true, false}) {  // false: k's gradient is undefined, the kernel writes zeros
+      const auto fused = heads_and_grad(true, qkv, cos, sin, sh.h, sh.hkv, w, use_k);
+      const auto ref = heads_and_grad(false, qkv, cos, sin, sh.h, sh.hkv, w, use_k);
+      EXPECT_TRUE(fused.heads.q.is_contiguous());
+      EXPECT_TRUE(torch::allclose(fused.heads.q, ref.heads.q, 1e-5, 1e-6));
+      EXPECT_TRUE(torch::allclose(fused.heads.k, ref.heads.k, 1e-5, 1e-6));
+      EXPECT_TRUE(torch::equal(fused.heads.v, ref.heads.v));
+      EXPECT_TRUE(torch::allclose(fused.grad, ref.grad, 1e-5, 1e-6))
+          << (fused.grad - ref.grad).abs().max();
+    }
+  }
+}
+
+TEST(FusedOps, SplitQkvRopeTakesTheCompositeWhereTheKernelDoesNotApply) {
+  const auto cos = torch::ones({8, 4}), sin = torch::zeros({8, 4});
+  const auto qkv = torch::randn({2, 8, 3 * 8});
+  const bool cpu_has_kernels = swiglu_is_fused(torch::randn({2}));
+  EXPECT_EQ(split_qkv_rope_is_fused(qkv, cos, sin, 1, 1), cpu_has_kernels);
+  EXPECT_FALSE(split_qkv_rope_is_fused(qkv.to(torch::kDouble), cos, sin, 1, 1));
+  EXPECT_FALSE(split_qkv_rope_is_fused(torch::randn({2, 9, 24}), cos, sin, 1, 1));  // table too short
+  EXPECT_FALSE(split_qkv_rope_is_fused(qkv, cos, sin, 2, 1));  // 24 is not 4 heads of an even dim
+  EXPECT_FALSE(split_qkv_rope_is_fused(torch::randn({8, 2, 24}).transpose(0, 1), cos, sin, 1, 1));
+  // cos 1, sin 0 is the identity rotation, whichever path runs.
+  const auto heads = split_qkv_rope(qkv, cos, sin, 1, 1);
+  EXPECT_TRUE(torch::equal(heads.q, qkv.narrow(2, 0, 8).view({2, 8, 1, 8})));
+}
+
 }  // namespace
 }  // namespace keel::model
