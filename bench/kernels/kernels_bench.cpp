@@ -1,12 +1,13 @@
 // keel's fused CPU kernels against the ATen composites they replace, forward + backward, at the
-// shapes of the bench configs' MLPs. The two variants alternate within one process (A B A B ...)
-// and each reports its median, so the shared machine's drift hits both alike.
+// shapes of the bench configs (bench/run.py). The two variants alternate within one process
+// (A B A B ...) and each reports its median, so the shared machine's drift hits both alike.
 //
 //   keel_bench_kernels [--threads 2] [--reps 30]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,12 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using torch::Tensor;
+using Op = std::function<std::vector<Tensor>(const Tensor&)>;
 
 struct Shape {
   const char* name;
-  int64_t rows, f;  // rows = micro-batch x sequence; the MLP hidden size F
+  int64_t batch, seq, d_model, heads, d_ff;
 };
 
 double median(std::vector<double> v) {
@@ -28,14 +31,25 @@ double median(std::vector<double> v) {
 }
 
 // One forward and backward of op on a fresh leaf, in milliseconds.
-double time_once(torch::Tensor (*op)(const torch::Tensor&), const torch::Tensor& input,
-                 const torch::Tensor& grad_out) {
+double time_once(const Op& op, const Tensor& input, const std::vector<Tensor>& grads) {
   auto x = input.detach().requires_grad_(true);
   const auto t0 = Clock::now();
-  auto y = op(x);
-  y.backward(grad_out);
-  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  return ms;
+  auto outputs = op(x);
+  torch::autograd::backward(outputs, grads);
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Prints one table row: the medians of fused and composite, alternating, after 3 warm-up rounds.
+void compare(const char* name, const Op& fused, const Op& composite, const Tensor& input,
+             const std::vector<Tensor>& grads, int reps) {
+  std::vector<double> a, b;
+  for (int r = 0; r < reps + 3; ++r) {
+    const double ta = time_once(fused, input, grads);
+    const double tb = time_once(composite, input, grads);
+    if (r >= 3) a.push_back(ta), b.push_back(tb);
+  }
+  const double f = median(a), c = median(b);
+  std::printf("| %s | %.3f | %.3f | %.2fx |\n", name, f, c, c / f);
 }
 
 }  // namespace
@@ -50,25 +64,45 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(threads);
   keel::install_caching_host_allocator(keel::default_host_cache_limit());  // as keel train does
-  const Shape shapes[] = {{"small (B16 T128, F384)", 16 * 128, 384},
-                          {"medium (B8 T256, F896)", 8 * 256, 896},
-                          {"gpt2s (B4 T128, F2048)", 4 * 128, 2048}};
-  std::printf("| SwiGLU forward+backward | fused ms | composite ms | speed-up |\n|---|---|---|---|\n");
+  namespace m = keel::model;
+  const Shape shapes[] = {{"small", 16, 128, 128, 4, 384},
+                          {"medium", 8, 256, 320, 5, 896},
+                          {"gpt2s", 4, 128, 768, 12, 2048}};
+  if (!m::swiglu_is_fused(torch::randn({2}))) {
+    std::printf("no AVX2+FMA here: every op is its composite\n");
+    return 1;
+  }
+  std::printf("| op (forward+backward), config | fused ms | composite ms | speed-up |\n|---|---|---|---|\n");
   for (const auto& s : shapes) {
-    const auto input = torch::randn({s.rows, 2 * s.f});
-    const auto grad_out = torch::randn({s.rows, s.f});
-    if (!keel::model::swiglu_is_fused(input)) {
-      std::printf("no AVX2+FMA here: swiglu is the composite\n");
-      return 1;
-    }
-    std::vector<double> fused, composite;
-    for (int r = 0; r < reps + 3; ++r) {
-      const double a = time_once(&keel::model::swiglu, input, grad_out);
-      const double b = time_once(&keel::model::swiglu_composite, input, grad_out);
-      if (r >= 3) fused.push_back(a), composite.push_back(b);  // 3 warm-up rounds
-    }
-    const double f = median(fused), c = median(composite);
-    std::printf("| %s | %.3f | %.3f | %.2fx |\n", s.name, f, c, c / f);
+    const int64_t rows = s.batch * s.seq, D = s.d_model / s.heads;
+    const auto gate_up = torch::randn({rows, 2 * s.d_ff});
+    compare((std::string("SwiGLU, ") + s.name).c_str(),
+            [](const Tensor& x) { return std::vector<Tensor>{m::swiglu(x)}; },
+            [](const Tensor& x) { return std::vector<Tensor>{m::swiglu_composite(x)}; }, gate_up,
+            {torch::randn({rows, s.d_ff})}, reps);
+
+    const auto gain = torch::ones({s.d_model}).requires_grad_(true);
+    compare((std::string("RMSNorm, ") + s.name).c_str(),
+            [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm(x, gain, 1e-5)}; },
+            [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm_composite(x, gain, 1e-5)}; },
+            torch::randn({s.batch, s.seq, s.d_model}), {torch::randn({s.batch, s.seq, s.d_model})},
+            reps);
+
+    const auto angles = torch::rand({s.seq, D / 2});
+    const auto cos = angles.cos(), sin = angles.sin();
+    const int64_t H = s.heads;
+    const auto heads_grad = [&] { return torch::randn({s.batch, s.seq, H, D}); };
+    compare((std::string("QKV split + rotary, ") + s.name).c_str(),
+            [&](const Tensor& x) {
+              auto h = m::split_qkv_rope(x, cos, sin, H, H);
+              return std::vector<Tensor>{h.q, h.k, h.v};
+            },
+            [&](const Tensor& x) {
+              auto h = m::split_qkv_rope_composite(x, cos, sin, H, H);
+              return std::vector<Tensor>{h.q, h.k, h.v};
+            },
+            torch::randn({s.batch, s.seq, 3 * s.d_model}), {heads_grad(), heads_grad(), heads_grad()},
+            reps);
   }
   return 0;
 }
