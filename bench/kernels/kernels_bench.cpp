@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     const auto angles = torch::rand({s.seq, D / 2});
     const auto cos = angles.cos(), sin = angles.sin();
     const int64_t H = s.heads;
-    const auto heads_grad = [&] { return torch::randn({s.batch, s.seq, H, D}); };
+    const auto heads_grad = [&] { return torch::randn({s.batch, H, s.seq, D}); };
     compare((std::string("QKV split + rotary, ") + s.name).c_str(),
             [&](const Tensor& x) {
               auto h = m::split_qkv_rope(x, cos, sin, H, H);
@@ -103,6 +103,15 @@ int main(int argc, char** argv) {
             },
             torch::randn({s.batch, s.seq, 3 * s.d_model}), {heads_grad(), heads_grad(), heads_grad()},
             reps);
+
+    // Heads as split_qkv_rope makes them; the output gradient strided, as attention's gets it.
+    const auto heads = torch::randn({3, s.batch, H, s.seq, D});
+    compare((std::string("causal attention, ") + s.name).c_str(),
+            [](const Tensor& x) { return std::vector<Tensor>{m::causal_attention(x[0], x[1], x[2], 0.0)}; },
+            [](const Tensor& x) {
+              return std::vector<Tensor>{at::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true)};
+            },
+            heads, {torch::randn({s.batch, s.seq, H, D}).transpose(1, 2)}, reps);
   }
   return 0;
 }

@@ -15,16 +15,17 @@ void swiglu_forward_avx2(const float* gate_up, float* out, int64_t rows, int64_t
 void swiglu_backward_avx2(const float* gate_up, const float* grad_out, float* grad_gate_up,
                           int64_t rows, int64_t f);
 
-// One tensor of attention heads, (B, T, heads, D) with the head dim contiguous and any other
+// One tensor of attention heads, (B, h, T, D) with the head dim contiguous and any other
 // strides (in elements); data == nullptr stands for zeros (a gradient autograd left undefined).
 struct HeadsView {
   const float* data;
-  int64_t stride_b, stride_t, stride_h;
+  int64_t stride_b, stride_h, stride_t;
 };
 
 // A fused QKV projection qkv (B, T, (H + 2 Hkv) D), laid out [q heads | k heads | v heads], into
-// contiguous q (B, T, H, D), k and v (B, T, Hkv, D), with q and k rotated by the rotary tables
-// cos/sin (>= T, D/2) in the "rotate half" layout: y1 = x1 c - x2 s, y2 = x2 c + x1 s.
+// contiguous heads-first q (B, H, T, D), k and v (B, Hkv, T, D), as attention consumes them, with
+// q and k rotated by the rotary tables cos/sin (>= T, D/2) in the "rotate half" layout:
+// y1 = x1 c - x2 s, y2 = x2 c + x1 s.
 void qkv_rope_forward_avx2(const float* qkv, const float* cos, const float* sin, float* q, float* k,
                            float* v, int64_t batch, int64_t seq, int64_t n_heads,
                            int64_t n_kv_heads, int64_t head_dim);
@@ -34,6 +35,14 @@ void qkv_rope_forward_avx2(const float* qkv, const float* cos, const float* sin,
 void qkv_rope_backward_avx2(HeadsView dq, HeadsView dk, HeadsView dv, const float* cos,
                             const float* sin, float* grad_qkv, int64_t batch, int64_t seq,
                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+
+// Causal softmax of attention scores in place: s holds n matrices (T, T) of raw q.k products;
+// row i becomes softmax_j(scale * s[i][j]) over j <= i, and 0 for j > i.
+void causal_softmax_forward_avx2(float* s, int64_t n, int64_t seq, float scale);
+
+// Its backward in place: grad (n, T, T) holds dL/dp and becomes dL/ds =
+// scale * p * (grad - sum_j p * grad) on and below the diagonal, 0 above.
+void causal_softmax_backward_avx2(const float* p, float* grad, int64_t n, int64_t seq, float scale);
 
 // RMSNorm over rows of n: out = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), one per
 // row, kept for the backward.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "model/fused_kernels.h"
@@ -97,8 +98,8 @@ inline void rotate_head(const float* x, const float* c, const float* s, float* y
   }
 }
 
-inline const float* head_ptr(const HeadsView& v, int64_t b, int64_t t, int64_t h) {
-  return v.data + b * v.stride_b + t * v.stride_t + h * v.stride_h;
+inline const float* head_ptr(const HeadsView& v, int64_t b, int64_t h, int64_t t) {
+  return v.data + b * v.stride_b + h * v.stride_h + t * v.stride_t;
 }
 
 }  // namespace
@@ -107,20 +108,23 @@ void qkv_rope_forward_avx2(const float* qkv, const float* cos, const float* sin,
                            float* v, int64_t batch, int64_t seq, int64_t n_heads,
                            int64_t n_kv_heads, int64_t head_dim) {
   const int64_t half = head_dim / 2, width = (n_heads + 2 * n_kv_heads) * head_dim;
-  const int64_t kv_width = n_kv_heads * head_dim;
   at::parallel_for(0, batch * seq, row_grain(width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / seq, t = r % seq;
       const float* row = qkv + r * width;
-      const float* c = cos + (r % seq) * half;
-      const float* s = sin + (r % seq) * half;
+      const float* c = cos + t * half;
+      const float* s = sin + t * half;
+      // Head h of a heads-first (B, h, T, D) output starts at ((b * heads + h) * T + t) * D.
+      auto at_head = [&](float* out, int64_t heads, int64_t h) {
+        return out + ((b * heads + h) * seq + t) * head_dim;
+      };
       for (int64_t h = 0; h < n_heads; ++h) {
-        rotate_head<-1>(row + h * head_dim, c, s, q + (r * n_heads + h) * head_dim, half);
+        rotate_head<-1>(row + h * head_dim, c, s, at_head(q, n_heads, h), half);
       }
       for (int64_t h = 0; h < n_kv_heads; ++h) {
-        rotate_head<-1>(row + (n_heads + h) * head_dim, c, s, k + (r * n_kv_heads + h) * head_dim,
-                        half);
+        rotate_head<-1>(row + (n_heads + h) * head_dim, c, s, at_head(k, n_kv_heads, h), half);
+        std::copy_n(row + (n_heads + n_kv_heads + h) * head_dim, head_dim, at_head(v, n_kv_heads, h));
       }
-      std::copy_n(row + (n_heads + n_kv_heads) * head_dim, kv_width, v + r * kv_width);
     }
   });
 }
@@ -144,9 +148,9 @@ void qkv_rope_backward_avx2(HeadsView dq, HeadsView dk, HeadsView dv, const floa
         if (g.data == nullptr) {
           std::fill_n(out, head_dim, 0.0f);
         } else if (is_q || is_k) {
-          rotate_head<+1>(head_ptr(g, b, t, h), c, s, out, half);
+          rotate_head<+1>(head_ptr(g, b, h, t), c, s, out, half);
         } else {
-          std::copy_n(head_ptr(g, b, t, h), head_dim, out);
+          std::copy_n(head_ptr(g, b, h, t), head_dim, out);
         }
       }
     }
@@ -234,6 +238,61 @@ void rms_norm_backward_avx2(const float* x, const float* weight, const float* rs
   for (int64_t blk = 1; blk < blocks; ++blk) {
     for (int64_t i = 0; i < n; ++i) grad_weight[i] += partial[blk * n + i];
   }
+}
+
+void causal_softmax_forward_avx2(float* s, int64_t n, int64_t seq, float scale) {
+  at::parallel_for(0, n * seq, row_grain(seq), [&](int64_t begin, int64_t end) {
+    const Vec scale_v(scale);
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = s + r * seq;
+      const int64_t len = r % seq + 1;  // query position i attends to keys 0..i
+      float max = -std::numeric_limits<float>::infinity();
+      int64_t j = 0;
+      Vec max_v(max);
+      for (; j + Vec::size() <= len; j += Vec::size()) max_v = at::vec::maximum(max_v, Vec::loadu(row + j));
+      max = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, max_v);
+      for (; j < len; ++j) max = std::max(max, row[j]);
+      // scale > 0, so the largest scaled score is scale * max.
+      const Vec shift_v(scale * max);
+      Vec sum_v(0.0f);
+      float sum = 0.0f;
+      j = 0;
+      for (; j + Vec::size() <= len; j += Vec::size()) {
+        const Vec e = at::vec::fmsub(Vec::loadu(row + j), scale_v, shift_v).exp_u20();
+        e.store(row + j);
+        sum_v = sum_v + e;
+      }
+      sum = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, sum_v);
+      for (; j < len; ++j) {
+        row[j] = std::exp(row[j] * scale - scale * max);
+        sum += row[j];
+      }
+      const float inv = 1.0f / sum;
+      const Vec inv_v(inv);
+      j = 0;
+      for (; j + Vec::size() <= len; j += Vec::size()) (Vec::loadu(row + j) * inv_v).store(row + j);
+      for (; j < len; ++j) row[j] *= inv;
+      std::fill(row + len, row + seq, 0.0f);
+    }
+  });
+}
+
+void causal_softmax_backward_avx2(const float* p, float* grad, int64_t n, int64_t seq, float scale) {
+  at::parallel_for(0, n * seq, row_grain(seq), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* pr = p + r * seq;
+      float* gr = grad + r * seq;
+      const int64_t len = r % seq + 1;
+      const float dot_pg = dot(pr, gr, len);
+      const Vec scale_v(scale), dot_v(dot_pg);
+      int64_t j = 0;
+      for (; j + Vec::size() <= len; j += Vec::size()) {
+        (Vec::loadu(pr + j) * (Vec::loadu(gr + j) - dot_v) * scale_v).store(gr + j);
+      }
+      for (; j < len; ++j) gr[j] = pr[j] * (gr[j] - dot_pg) * scale;
+      std::fill(gr + len, gr + seq, 0.0f);
+    }
+  });
 }
 
 }  // namespace keel::model::kernels

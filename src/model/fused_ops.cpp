@@ -1,5 +1,7 @@
 #include "model/fused_ops.h"
 
+#include <cmath>
+
 #include "model/fused_kernels.h"
 #include "model/kernel_config.h"  // generated: KEEL_HAVE_X86_KERNELS
 
@@ -67,7 +69,38 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
   }
 };
 
-kernels::HeadsView heads_view(const Tensor& grad) {  // (B, T, h, D), D contiguous, or undefined
+// (B, H, T, D) -> (B * H, T, D), contiguous.
+Tensor batch_heads(const Tensor& x) { return x.contiguous().view({-1, x.size(2), x.size(3)}); }
+
+struct FusedCausalAttention : torch::autograd::Function<FusedCausalAttention> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v) {
+    const int64_t T = q.size(2);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(q.size(3)));
+    const auto q3 = batch_heads(q), k3 = batch_heads(k), v3 = batch_heads(v);
+    auto probs = at::bmm(q3, k3.transpose(1, 2));  // (B*H, T, T) raw scores, then in place
+    kernels::causal_softmax_forward_avx2(probs.mutable_data_ptr<float>(), probs.size(0), T, scale);
+    ctx->save_for_backward({q3, k3, v3, probs});
+    ctx->saved_data["scale"] = static_cast<double>(scale);
+    return at::bmm(probs, v3).view(q.sizes());
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q3 = saved[0], &k3 = saved[1], &v3 = saved[2], &probs = saved[3];
+    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const auto sizes = grads[0].sizes().vec();
+    const auto grad_out = batch_heads(grads[0]);
+    auto grad_scores = at::bmm(grad_out, v3.transpose(1, 2));  // dL/dprobs, then dL/dscores
+    auto grad_v = at::bmm(probs.transpose(1, 2), grad_out);
+    kernels::causal_softmax_backward_avx2(probs.const_data_ptr<float>(),
+                                          grad_scores.mutable_data_ptr<float>(), probs.size(0),
+                                          probs.size(1), scale);
+    auto grad_q = at::bmm(grad_scores, k3);
+    auto grad_k = at::bmm(grad_scores.transpose(1, 2), q3);
+    return {grad_q.view(sizes), grad_k.view(sizes), grad_v.view(sizes)};
+  }
+};
+
+kernels::HeadsView heads_view(const Tensor& grad) {  // (B, h, T, D), D contiguous, or undefined
   if (!grad.defined()) return {nullptr, 0, 0, 0};
   return {grad.const_data_ptr<float>(), grad.stride(0), grad.stride(1), grad.stride(2)};
 }
@@ -79,9 +112,9 @@ struct FusedQkvRope : torch::autograd::Function<FusedQkvRope> {
     const int64_t D = qkv.size(2) / (n_heads + 2 * n_kv_heads);
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["shape"] = std::vector<int64_t>{B, T, n_heads, n_kv_heads, D};
-    auto q = at::empty({B, T, n_heads, D}, qkv.options());
-    auto k = at::empty({B, T, n_kv_heads, D}, qkv.options());
-    auto v = at::empty({B, T, n_kv_heads, D}, qkv.options());
+    auto q = at::empty({B, n_heads, T, D}, qkv.options());
+    auto k = at::empty({B, n_kv_heads, T, D}, qkv.options());
+    auto v = at::empty({B, n_kv_heads, T, D}, qkv.options());
     kernels::qkv_rope_forward_avx2(qkv.const_data_ptr<float>(), cos.const_data_ptr<float>(),
                                    sin.const_data_ptr<float>(), q.mutable_data_ptr<float>(),
                                    k.mutable_data_ptr<float>(), v.mutable_data_ptr<float>(), B, T,
@@ -151,6 +184,31 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return rms_norm_composite(x, weight, eps);
 }
 
+bool causal_attention_is_fused(const Tensor& q, const Tensor& k, const Tensor& v,
+                               double dropout_p) {
+#if KEEL_HAVE_X86_KERNELS
+  if (!kCpuHasAvx2Fma || dropout_p > 0.0 || q.dim() != 4 || !q.sizes().equals(k.sizes()) ||
+      !q.sizes().equals(v.sizes())) {
+    return false;
+  }
+  for (const auto* t : {&q, &k, &v}) {
+    if (!t->device().is_cpu() || t->scalar_type() != torch::kFloat) return false;
+  }
+  const int64_t T = q.size(2);
+  return T > 0 && q.size(3) > 0 && T <= kMaxAttentionSeq &&
+         q.size(0) * q.size(1) * T * T * int64_t{sizeof(float)} <= kMaxAttentionProbsBytes;
+#else
+  return false;
+#endif
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p) {
+#if KEEL_HAVE_X86_KERNELS
+  if (causal_attention_is_fused(q, k, v, dropout_p)) return FusedCausalAttention::apply(q, k, v);
+#endif
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
+}
+
 Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const int64_t T = x.size(1), half = x.size(3) / 2;
   // Cast to x's dtype so that under autocast the rotation stays in the compute dtype.
@@ -182,9 +240,9 @@ QkvHeads split_qkv_rope_composite(const Tensor& qkv, const Tensor& cos, const Te
                                   int64_t n_heads, int64_t n_kv_heads) {
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (n_heads + 2 * n_kv_heads);
   auto parts = qkv.split({n_heads * D, n_kv_heads * D, n_kv_heads * D}, -1);
-  return {apply_rope(parts[0].view({B, T, n_heads, D}), cos, sin),
-          apply_rope(parts[1].view({B, T, n_kv_heads, D}), cos, sin),
-          parts[2].view({B, T, n_kv_heads, D})};
+  return {apply_rope(parts[0].view({B, T, n_heads, D}), cos, sin).transpose(1, 2),
+          apply_rope(parts[1].view({B, T, n_kv_heads, D}), cos, sin).transpose(1, 2),
+          parts[2].view({B, T, n_kv_heads, D}).transpose(1, 2)};
 }
 
 QkvHeads split_qkv_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t n_heads,

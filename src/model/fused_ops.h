@@ -31,9 +31,10 @@ bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight);
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // Attention heads from a fused QKV projection (B, T, (H + 2 Hkv) D), laid out [q | k | v]:
-// q (B, T, H, D), k and v (B, T, Hkv, D), with q and k rotated by apply_rope's tables. Fused (one
-// pass forward that also makes the heads contiguous, one pass backward that writes the gradient
-// of qkv whole) for fp32 CPU tensors; otherwise split, view and apply_rope.
+// heads-first q (B, H, T, D), k and v (B, Hkv, T, D), with q and k rotated by apply_rope's
+// tables. Fused (one pass forward that also makes the heads contiguous, one pass backward that
+// writes the gradient of qkv whole) for fp32 CPU tensors; otherwise split, view, apply_rope and
+// transpose, which leaves strided views.
 struct QkvHeads {
   torch::Tensor q, k, v;
 };
@@ -43,5 +44,18 @@ QkvHeads split_qkv_rope_composite(const torch::Tensor& qkv, const torch::Tensor&
                                   const torch::Tensor& sin, int64_t n_heads, int64_t n_kv_heads);
 bool split_qkv_rope_is_fused(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, int64_t n_heads, int64_t n_kv_heads);
+
+// Causal self-attention of heads-first q, k, v (B, H, T, D) -> (B, H, T, D), the value of
+// at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true). Without dropout,
+// for fp32 CPU tensors of short sequences, as two batched matmuls around a fused causal softmax:
+// at T <= 512 MKL's batched GEMM beats the CPU flash kernel's small tiles, at the cost of keeping
+// the (B, H, T, T) probabilities for the backward, capped at kMaxAttentionProbsBytes per call.
+// Otherwise SDPA.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double dropout_p);
+bool causal_attention_is_fused(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double dropout_p);
+inline constexpr int64_t kMaxAttentionSeq = 512;
+inline constexpr int64_t kMaxAttentionProbsBytes = int64_t{32} << 20;
 
 }  // namespace keel::model

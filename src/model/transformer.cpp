@@ -81,7 +81,7 @@ class AttentionImpl : public torch::nn::Module {
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
     const auto qkv = qkv_(x);  // (B, T, (H + 2 Hkv) D)
-    Tensor q, k, v;
+    Tensor q, k, v;  // heads-first: (B, H, T, D), k and v (B, Hkv, T, D)
     if (cos.defined() && !q_norm_) {  // split and rotate in one pass where the kernel applies
       auto heads = split_qkv_rope(qkv, cos, sin, n_heads_, n_kv_heads_);
       q = std::move(heads.q);
@@ -100,13 +100,15 @@ class AttentionImpl : public torch::nn::Module {
         q = apply_rope(q, cos, sin);
         k = apply_rope(k, cos, sin);
       }
+      q = q.transpose(1, 2);
+      k = k.transpose(1, 2);
+      v = v.transpose(1, 2);
     }
-    // Norms and rotary may have promoted q/k to fp32 under autocast; SDPA wants one dtype.
-    q = q.to(v.scalar_type()).transpose(1, 2);                               // (B, H, T, D)
-    k = repeat_kv(k.to(v.scalar_type()).transpose(1, 2), n_heads_ / n_kv_heads_);
-    v = repeat_kv(v.transpose(1, 2), n_heads_ / n_kv_heads_);
-    const double p = is_training() ? dropout_ : 0.0;
-    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+    // Norms and rotary may have promoted q/k to fp32 under autocast; attention wants one dtype.
+    q = q.to(v.scalar_type());
+    k = repeat_kv(k.to(v.scalar_type()), n_heads_ / n_kv_heads_);
+    v = repeat_kv(v, n_heads_ / n_kv_heads_);
+    auto y = causal_attention(q, k, v, is_training() ? dropout_ : 0.0);  // (B, H, T, D)
     auto out = proj_(y.transpose(1, 2).reshape({B, T, n_heads_ * D}));  // (B, T, C)
     if (is_training() && record_stats_) {
       // One small reduction kept on the device for the guard's drift check; read at log steps.

@@ -81,9 +81,7 @@ HeadsAndGrad heads_and_grad(bool fused, const torch::Tensor& qkv, const torch::T
                             const std::vector<torch::Tensor>& weights, bool use_k = true) {
   auto x = qkv.detach().clone().requires_grad_(true);
   auto heads = fused ? split_qkv_rope(x, cos, sin, h, hkv) : split_qkv_rope_composite(x, cos, sin, h, hkv);
-  // SDPA sees the heads transposed to (B, h, T, D) and hands back gradients in that layout.
-  auto loss = (heads.q.transpose(1, 2) * weights[0].transpose(1, 2)).sum() +
-              (heads.v * weights[2]).sum();
+  auto loss = (heads.q * weights[0]).sum() + (heads.v * weights[2]).sum();
   if (use_k) loss = loss + (heads.k * weights[1]).sum();
   loss.backward();
   return {{heads.q.detach(), heads.k.detach(), heads.v.detach()}, x.grad()};
@@ -102,13 +100,15 @@ TEST(FusedOps, SplitQkvRopeMatchesTheCompositeForwardAndBackward) {
     if (!split_qkv_rope_is_fused(qkv, cos, sin, sh.h, sh.hkv)) {
       GTEST_SKIP() << "no AVX2+FMA on this CPU: split_qkv_rope is the composite";
     }
-    const std::vector<torch::Tensor> w = {torch::randn({sh.b, sh.t, sh.h, sh.d}),
-                                          torch::randn({sh.b, sh.t, sh.hkv, sh.d}),
-                                          torch::randn({sh.b, sh.t, sh.hkv, sh.d})};
+    // q's gradient arrives strided, as attention's output layout makes it; k's and v's contiguous.
+    const std::vector<torch::Tensor> w = {torch::randn({sh.b, sh.t, sh.h, sh.d}).transpose(1, 2),
+                                          torch::randn({sh.b, sh.hkv, sh.t, sh.d}),
+                                          torch::randn({sh.b, sh.hkv, sh.t, sh.d})};
     for (bool use_k : {true, false}) {  // false: k's gradient is undefined, the kernel writes zeros
       const auto fused = heads_and_grad(true, qkv, cos, sin, sh.h, sh.hkv, w, use_k);
       const auto ref = heads_and_grad(false, qkv, cos, sin, sh.h, sh.hkv, w, use_k);
       EXPECT_TRUE(fused.heads.q.is_contiguous());
+      EXPECT_EQ(fused.heads.k.sizes(), (std::vector<int64_t>{sh.b, sh.hkv, sh.t, sh.d}));
       EXPECT_TRUE(torch::allclose(fused.heads.q, ref.heads.q, 1e-5, 1e-6));
       EXPECT_TRUE(torch::allclose(fused.heads.k, ref.heads.k, 1e-5, 1e-6));
       EXPECT_TRUE(torch::equal(fused.heads.v, ref.heads.v));
@@ -116,6 +116,47 @@ TEST(FusedOps, SplitQkvRopeMatchesTheCompositeForwardAndBackward) {
           << (fused.grad - ref.grad).abs().max();
     }
   }
+}
+
+TEST(FusedOps, CausalAttentionMatchesSdpaForwardAndBackward) {
+  torch::manual_seed(11);
+  // T = 13: rows of every length mod 8; D = 64 and 20; one batch with huge scores, whose
+  // exponentials underflow to zero and must not turn into NaN.
+  struct Shape { int64_t b, h, t, d; double amplitude; };
+  for (const Shape& sh : {Shape{2, 3, 13, 64, 1.0}, Shape{1, 2, 40, 20, 1.0}, Shape{1, 1, 9, 8, 60.0}}) {
+    std::vector<torch::Tensor> inputs;
+    for (int i = 0; i < 3; ++i) inputs.push_back(torch::randn({sh.b, sh.t, sh.h, sh.d}).transpose(1, 2) * sh.amplitude);
+    const auto weights = torch::randn({sh.b, sh.h, sh.t, sh.d});
+    if (!causal_attention_is_fused(inputs[0], inputs[1], inputs[2], 0.0)) {
+      GTEST_SKIP() << "no AVX2+FMA on this CPU: causal_attention is SDPA";
+    }
+    auto run = [&](bool fused) {
+      std::vector<torch::Tensor> x;
+      for (const auto& t : inputs) x.push_back(t.detach().clone().requires_grad_(true));
+      auto y = fused ? causal_attention(x[0], x[1], x[2], 0.0)
+                     : at::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true);
+      (y * weights).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), x[0].grad(), x[1].grad(), x[2].grad()};
+    };
+    const auto fused = run(true), ref = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_TRUE(torch::isfinite(fused[i]).all().item<bool>()) << i;
+      const double tol = sh.amplitude > 1 ? 1e-3 : 1e-5;  // |scores| ~ 1e4 there: float rounding
+      EXPECT_TRUE(torch::allclose(fused[i], ref[i], tol, tol))
+          << "output " << i << ": " << (fused[i] - ref[i]).abs().max();
+    }
+  }
+}
+
+TEST(FusedOps, CausalAttentionTakesSdpaWhereTheKernelDoesNotApply) {
+  const auto q = torch::randn({1, 2, 16, 8});
+  EXPECT_FALSE(causal_attention_is_fused(q, q, q, /*dropout_p=*/0.1));
+  EXPECT_FALSE(causal_attention_is_fused(q.to(torch::kDouble), q, q, 0.0));
+  EXPECT_FALSE(causal_attention_is_fused(q, q.narrow(2, 0, 8), q.narrow(2, 0, 8), 0.0));
+  const auto long_seq = torch::randn({1, 1, kMaxAttentionSeq + 1, 8});
+  EXPECT_FALSE(causal_attention_is_fused(long_seq, long_seq, long_seq, 0.0));
+  const auto many_heads = torch::randn({1, kMaxAttentionProbsBytes / (4 * 512 * 512) + 1, 512, 1});
+  EXPECT_FALSE(causal_attention_is_fused(many_heads, many_heads, many_heads, 0.0));
 }
 
 TEST(FusedOps, SplitQkvRopeTakesTheCompositeWhereTheKernelDoesNotApply) {
@@ -129,7 +170,7 @@ TEST(FusedOps, SplitQkvRopeTakesTheCompositeWhereTheKernelDoesNotApply) {
   EXPECT_FALSE(split_qkv_rope_is_fused(torch::randn({8, 2, 24}).transpose(0, 1), cos, sin, 1, 1));
   // cos 1, sin 0 is the identity rotation, whichever path runs.
   const auto heads = split_qkv_rope(qkv, cos, sin, 1, 1);
-  EXPECT_TRUE(torch::equal(heads.q, qkv.narrow(2, 0, 8).view({2, 8, 1, 8})));
+  EXPECT_TRUE(torch::equal(heads.q, qkv.narrow(2, 0, 8).view({2, 8, 1, 8}).transpose(1, 2)));
 }
 
 }  // namespace
