@@ -16,11 +16,12 @@ Also measured, on the medium model:
 
 MFU is model FLOPs/token (keel's 6*N_nonembedding + 12*L*C*T + 6*C*V, checked against the figure
 keel logs) x tokens/s / the peak matmul rate measured here with the same torch, device, dtype and
-threads: the best of several 2048^3 fp32 matmuls on the CPU, 8192^3 in the run's dtype on a GPU.
+threads: the best of several 2048^3 fp32 matmuls on the CPU (ATen's mm and oneDNN, whichever is
+faster), 8192^3 in the run's dtype on a GPU.
 
 Progress goes to stderr, the Markdown report to stdout:
 
-  bench/run.sh                        # CPU: small, medium, gpt2s, 5 pairs (~15 min on 2 cores)
+  bench/run.sh                        # CPU: small, medium, gpt2s, 5 pairs (~20 min on 2 cores)
   bench/run.sh --configs small --pairs 1 --warmup 1 --steps 3     # a smoke test
   bench/run.sh --json bench-cpu.json > bench-cpu.md
   scripts/gpu_check.sh                # CUDA, bf16: the 124m and 350m configs
@@ -184,9 +185,20 @@ def run_reference(args, shape, warmup, steps):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def onednn_mm(a, b):
+    """a @ b through LibTorch's oneDNN GEMM, the one keel's run.cpu_matmul=onednn uses on the CPU
+    (mkldnn::_linear_pointwise computes x @ w^T, so w is b^T); None when torch has no oneDNN."""
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None:
+        return None
+    return lambda: op(a, b.t(), None, "none", [], "")
+
+
 def peak_matmul_flops(device, precision, threads):
     """Best rate of a square matmul with this torch, device, dtype and thread count: the MFU
-    denominator. Returns (FLOP/s, description)."""
+    denominator. On the CPU both of LibTorch's GEMMs are timed (ATen's mm, which is MKL, and
+    oneDNN, which keel uses for most of its GEMMs), and the faster one is the peak, so that no
+    side's MFU is flattered by a slow denominator. Returns (FLOP/s, description)."""
     torch.set_num_threads(threads)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     n, warmup, reps, inner = (2048, 3, 20, 1) if device == "cpu" else (8192, 10, 10, 10)
@@ -198,20 +210,27 @@ def peak_matmul_flops(device, precision, threads):
         if device == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(warmup):
-        torch.mm(a, b, out=out)
-    sync()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            torch.mm(a, b, out=out)
+    gemms = {"ATen mm": lambda: torch.mm(a, b, out=out)}
+    if device == "cpu" and onednn_mm(a, b) is not None:
+        gemms["oneDNN"] = onednn_mm(a, b)
+    best, best_name = float("inf"), ""
+    for name, gemm in gemms.items():
+        for _ in range(warmup):
+            gemm()
         sync()
-        best = min(best, (time.perf_counter() - t0) / inner)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                gemm()
+            sync()
+            t = (time.perf_counter() - t0) / inner
+            if t < best:
+                best, best_name = t, name
     del a, b, out
     if device == "cuda":
         torch.cuda.empty_cache()
-    return 2.0 * n ** 3 / best, f"{n}³ {precision} matmul, best of {reps}"
+    how = f"{n}³ {precision} matmul, best of {reps}" + (f" each of {', '.join(gemms)}: {best_name}" if len(gemms) > 1 else "")
+    return 2.0 * n ** 3 / best, how
 
 
 # The best matmul rate seen in this invocation. On a shared machine one measurement can land in a

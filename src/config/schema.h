@@ -22,6 +22,7 @@ struct RunConfig {
   bool deterministic = false;
   int64_t threads = 0;                 // intra-op threads; 0 = LibTorch's default
   std::string host_allocator = "caching";  // caching|system: LibTorch's CPU tensor memory
+  std::string cpu_matmul = "onednn";       // onednn|aten: the GEMMs of fp32 CPU linear layers
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -217,7 +218,7 @@ template <class V> void visit(V& v, RunConfig& c) {
   v.field("name", c.name); v.field("out_dir", c.out_dir); v.field("seed", c.seed);
   v.field("max_steps", c.max_steps); v.field("device", c.device); v.field("precision", c.precision);
   v.field("deterministic", c.deterministic); v.field("threads", c.threads);
-  v.field("host_allocator", c.host_allocator);
+  v.field("host_allocator", c.host_allocator); v.field("cpu_matmul", c.cpu_matmul);
 }
 template <class V> void visit(V& v, ModelConfig& c) {
   v.field("arch", c.arch); v.field("vocab_size", c.vocab_size); v.field("d_model", c.d_model);

@@ -132,6 +132,7 @@ void check_run(Checker& c, const RunConfig& run) {
   c.one_of("run.precision", run.precision, {"bf16", "fp16", "fp32"});
   c.at_least("run.threads", run.threads, 0);
   c.one_of("run.host_allocator", run.host_allocator, {"caching", "system"});
+  c.one_of("run.cpu_matmul", run.cpu_matmul, {"onednn", "aten"});
   if (run.precision == "fp16")
     c.warning("run.precision", "fp16 needs loss scaling; bf16 is safer where supported");
 }

@@ -1,6 +1,11 @@
 #include "model/fused_ops.h"
 
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <atomic>
 #include <cmath>
+#include <optional>
 
 #include "model/fused_kernels.h"
 #include "model/kernel_config.h"  // generated: KEEL_HAVE_X86_KERNELS
@@ -11,6 +16,47 @@ namespace {
 using torch::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
+
+std::atomic<CpuMatmul> g_cpu_matmul{CpuMatmul::kOneDnn};
+
+// LibTorch's oneDNN linear, found once; absent when LibTorch was built without mkldnn.
+const std::optional<c10::OperatorHandle>& onednn_linear_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op;
+}
+
+// x (M, K) @ w^T where w is (N, K) with any strides oneDNN accepts -> (M, N).
+Tensor onednn_linear_2d(const Tensor& x, const Tensor& w) {
+  torch::jit::Stack stack{x, w, /*bias=*/c10::IValue(), /*attr=*/std::string("none"),
+                          /*scalars=*/c10::List<std::optional<c10::Scalar>>(), /*algorithm=*/c10::IValue()};
+  onednn_linear_op()->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// Without bias: autograd functions take only defined tensors. A bias is added outside, one
+// broadcast add, as addmm's copy of it into the output would cost.
+struct OneDnnLinear : torch::autograd::Function<OneDnnLinear> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight) {
+    const auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
+    ctx->save_for_backward({x2, weight});
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return onednn_linear_2d(x2, weight).view(sizes);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x2 = saved[0], &weight = saved[1];
+    const auto grad2 = grads[0].reshape({-1, weight.size(0)}).contiguous();  // (M, N)
+    Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      auto sizes = grads[0].sizes().vec();
+      sizes.back() = weight.size(1);
+      grad_x = onednn_linear_2d(grad2, weight.t()).view(sizes);  // dY W, with W^T as the "weight"
+    }
+    if (ctx->needs_input_grad(1)) grad_weight = at::mm(grad2.t(), x2);
+    return {grad_x, grad_weight};
+  }
+};
 
 #if KEEL_HAVE_X86_KERNELS
 const bool kCpuHasAvx2Fma = [] {
@@ -160,6 +206,27 @@ Tensor swiglu(const Tensor& gate_up) {
   if (swiglu_is_fused(gate_up)) return FusedSwiglu::apply(gate_up);
 #endif
   return swiglu_composite(gate_up);
+}
+
+void set_cpu_matmul(CpuMatmul backend) { g_cpu_matmul = backend; }
+CpuMatmul cpu_matmul() { return g_cpu_matmul; }
+bool onednn_linear_available() { return onednn_linear_op().has_value(); }
+
+bool linear_uses_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  auto cpu_fp32 = [](const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; };
+  return g_cpu_matmul == CpuMatmul::kOneDnn && onednn_linear_available() &&
+         !at::autocast::is_autocast_enabled(at::kCPU) && cpu_fp32(x) && cpu_fp32(weight) &&
+         x.dim() >= 1 && x.numel() > 0 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+         weight.is_contiguous() &&
+         (!bias.defined() || (cpu_fp32(bias) && bias.dim() == 1 && bias.size(0) == weight.size(0)));
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (linear_uses_onednn(x, weight, bias)) {
+    auto y = OneDnnLinear::apply(x, weight);
+    return bias.defined() ? y + bias : y;
+  }
+  return at::linear(x, weight, bias);
 }
 
 bool rms_norm_is_fused(const Tensor& x, const Tensor& weight) {

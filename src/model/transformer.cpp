@@ -80,7 +80,7 @@ class AttentionImpl : public torch::nn::Module {
   // x (B, T, C); cos/sin (T_max, D/2) or undefined (no rotary) -> (B, T, C)
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
-    const auto qkv = qkv_(x);  // (B, T, (H + 2 Hkv) D)
+    const auto qkv = model::linear(x, qkv_->weight, qkv_->bias);  // (B, T, (H + 2 Hkv) D)
     Tensor q, k, v;  // heads-first: (B, H, T, D), k and v (B, Hkv, T, D)
     if (cos.defined() && !q_norm_) {  // split and rotate in one pass where the kernel applies
       auto heads = split_qkv_rope(qkv, cos, sin, n_heads_, n_kv_heads_);
@@ -109,7 +109,7 @@ class AttentionImpl : public torch::nn::Module {
     k = repeat_kv(k.to(v.scalar_type()), n_heads_ / n_kv_heads_);
     v = repeat_kv(v, n_heads_ / n_kv_heads_);
     auto y = causal_attention(q, k, v, is_training() ? dropout_ : 0.0);  // (B, H, T, D)
-    auto out = proj_(y.transpose(1, 2).reshape({B, T, n_heads_ * D}));  // (B, T, C)
+    auto out = model::linear(y.transpose(1, 2).reshape({B, T, n_heads_ * D}), proj_->weight, proj_->bias);  // (B, T, C)
     if (is_training() && record_stats_) {
       // One small reduction kept on the device for the guard's drift check; read at log steps.
       torch::NoGradGuard no_grad;
@@ -142,13 +142,13 @@ class MlpImpl : public torch::nn::Module {
         "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
   }
   Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
-    auto h = fc_(x);                  // (B, T, 2F) or (B, T, F)
+    auto h = model::linear(x, fc_->weight, fc_->bias);                  // (B, T, 2F) or (B, T, F)
     if (llama_) {
       h = swiglu(h);
     } else {
       h = F::gelu(h, F::GELUFuncOptions().approximate("tanh"));
     }
-    return proj_(h);
+    return model::linear(h, proj_->weight, proj_->bias);
   }
 
  private:
@@ -264,7 +264,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   for (const auto& layer : *layers_) x = layer->as<BlockImpl>()->forward(x, rope_cos_, rope_sin_);
   x = final_norm_.forward(x);
   const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
-  return at::linear(x, head);  // (B, T, V)
+  return model::linear(x, head);  // (B, T, V)
 }
 
 LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
+#include "model/fused_ops.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
 #include "config/validate.h"
@@ -86,6 +87,8 @@ void Trainer::State::setup() {
   } else {
     restore_default_host_allocator();
   }
+  // Without oneDNN in this LibTorch, model::linear stays on ATen whatever the choice.
+  model::set_cpu_matmul(cfg.run.cpu_matmul == "onednn" ? model::CpuMatmul::kOneDnn : model::CpuMatmul::kAten);
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <ATen/autocast_mode.h>
 
 namespace keel::model {
 namespace {
@@ -44,6 +45,49 @@ TEST(FusedOps, SwigluTakesTheCompositeWhereTheKernelDoesNotApply) {
   EXPECT_TRUE(torch::equal(y, swiglu_composite(strided)));
   auto bf16 = torch::randn({2, 8}).to(torch::kBFloat16);
   EXPECT_EQ(swiglu(bf16).scalar_type(), torch::kBFloat16);
+}
+
+TEST(FusedOps, OneDnnLinearMatchesAtLinearForwardAndGradients) {
+  if (!onednn_linear_available()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  torch::manual_seed(13);
+  set_cpu_matmul(CpuMatmul::kOneDnn);
+  for (bool with_bias : {false, true}) {
+    const auto input = torch::randn({3, 7, 40});
+    const auto w0 = torch::randn({24, 40}) * 0.2, b0 = torch::randn({24});
+    const auto weights = torch::randn({3, 7, 24});
+    ASSERT_TRUE(linear_uses_onednn(input, w0, with_bias ? b0 : torch::Tensor()));
+    auto run = [&](bool onednn) {
+      auto x = input.clone().requires_grad_(true);
+      auto w = w0.clone().requires_grad_(true);
+      auto b = with_bias ? b0.clone().requires_grad_(true) : torch::Tensor();
+      auto y = onednn ? model::linear(x, w, b) : at::linear(x, w, b);
+      (y * weights).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(), with_bias ? b.grad() : torch::zeros({1})};
+    };
+    const auto fused = run(true), ref = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fused[i], ref[i], 1e-5, 1e-5)) << i << ": " << (fused[i] - ref[i]).abs().max();
+    }
+  }
+  // A strided input (attention's output, transposed back) is made contiguous, not refused.
+  const auto strided = torch::randn({7, 3, 40}).transpose(0, 1);
+  EXPECT_TRUE(torch::allclose(model::linear(strided, torch::ones({5, 40})), at::linear(strided, torch::ones({5, 40})), 1e-5, 1e-5));
+}
+
+TEST(FusedOps, LinearStaysOnAtenWhereOneDnnDoesNotApply) {
+  const auto x = torch::randn({4, 8}), w = torch::randn({3, 8});
+  set_cpu_matmul(CpuMatmul::kAten);
+  EXPECT_FALSE(linear_uses_onednn(x, w));
+  set_cpu_matmul(CpuMatmul::kOneDnn);
+  EXPECT_FALSE(linear_uses_onednn(x.to(torch::kDouble), w.to(torch::kDouble)));
+  EXPECT_FALSE(linear_uses_onednn(x, w.t().contiguous().t()));  // a strided weight
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    EXPECT_FALSE(linear_uses_onednn(x, w)) << "autocast decides the dtype: at::linear";
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+  EXPECT_TRUE(torch::equal(model::linear(x.to(torch::kDouble), w.to(torch::kDouble)),
+                           at::linear(x.to(torch::kDouble), w.to(torch::kDouble))));
 }
 
 TEST(FusedOps, RmsNormMatchesTheCompositeForwardAndBothGradients) {
