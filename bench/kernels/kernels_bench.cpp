@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "unknown flag %s\n", flag.c_str()); return 2; }
   }
   at::set_num_threads(threads);
+  keel::model::set_cpu_matmul(keel::model::CpuMatmul::kOneDnn);
   keel::install_caching_host_allocator(keel::default_host_cache_limit());  // as keel train does
   namespace m = keel::model;
   const Shape shapes[] = {{"small", 16, 128, 128, 4, 384},
@@ -103,6 +104,16 @@ int main(int argc, char** argv) {
             },
             torch::randn({s.batch, s.seq, 3 * s.d_model}), {heads_grad(), heads_grad(), heads_grad()},
             reps);
+
+    // The MLP's input projection, C -> 2F: oneDNN (run.cpu_matmul: onednn) against at::linear.
+    if (m::onednn_linear_available()) {
+      const auto fc = torch::randn({2 * s.d_ff, s.d_model}).requires_grad_(true);
+      compare((std::string("linear C->2F (oneDNN vs ATen), ") + s.name).c_str(),
+              [&](const Tensor& x) { return std::vector<Tensor>{m::linear(x, fc)}; },
+              [&](const Tensor& x) { return std::vector<Tensor>{at::linear(x, fc)}; },
+              torch::randn({s.batch, s.seq, s.d_model}), {torch::randn({s.batch, s.seq, 2 * s.d_ff})},
+              reps);
+    }
 
     // Heads as split_qkv_rope makes them; the output gradient strided, as attention's gets it.
     const auto heads = torch::randn({3, s.batch, H, s.seq, D});
