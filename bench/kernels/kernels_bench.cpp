@@ -58,9 +58,14 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 30;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-    else { std::fprintf(stderr, "unknown flag %s\n", flag.c_str()); return 2; }
+    if (flag == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (flag == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
   }
   at::set_num_threads(threads);
   keel::model::set_cpu_matmul(keel::model::CpuMatmul::kOneDnn);
@@ -73,7 +78,8 @@ int main(int argc, char** argv) {
     std::printf("no AVX2+FMA here: every op is its composite\n");
     return 1;
   }
-  std::printf("| op (forward+backward), config | fused ms | composite ms | speed-up |\n|---|---|---|---|\n");
+  std::printf("| op (forward+backward), config | keel ms | composite ms | speed-up |\n");
+  std::printf("|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const int64_t rows = s.batch * s.seq, D = s.d_model / s.heads;
     const auto gate_up = torch::randn({rows, 2 * s.d_ff});
@@ -83,11 +89,12 @@ int main(int argc, char** argv) {
             {torch::randn({rows, s.d_ff})}, reps);
 
     const auto gain = torch::ones({s.d_model}).requires_grad_(true);
-    compare((std::string("RMSNorm, ") + s.name).c_str(),
-            [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm(x, gain, 1e-5)}; },
-            [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm_composite(x, gain, 1e-5)}; },
-            torch::randn({s.batch, s.seq, s.d_model}), {torch::randn({s.batch, s.seq, s.d_model})},
-            reps);
+    compare(
+        (std::string("RMSNorm, ") + s.name).c_str(),
+        [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm(x, gain, 1e-5)}; },
+        [&](const Tensor& x) { return std::vector<Tensor>{m::rms_norm_composite(x, gain, 1e-5)}; },
+        torch::randn({s.batch, s.seq, s.d_model}), {torch::randn({s.batch, s.seq, s.d_model})},
+        reps);
 
     const auto angles = torch::rand({s.seq, D / 2});
     const auto cos = angles.cos(), sin = angles.sin();
@@ -102,8 +109,8 @@ int main(int argc, char** argv) {
               auto h = m::split_qkv_rope_composite(x, cos, sin, H, H);
               return std::vector<Tensor>{h.q, h.k, h.v};
             },
-            torch::randn({s.batch, s.seq, 3 * s.d_model}), {heads_grad(), heads_grad(), heads_grad()},
-            reps);
+            torch::randn({s.batch, s.seq, 3 * s.d_model}),
+            {heads_grad(), heads_grad(), heads_grad()}, reps);
 
     // The MLP's input projection, C -> 2F: oneDNN (run.cpu_matmul: onednn) against at::linear.
     if (m::onednn_linear_available()) {
@@ -111,16 +118,19 @@ int main(int argc, char** argv) {
       compare((std::string("linear C->2F (oneDNN vs ATen), ") + s.name).c_str(),
               [&](const Tensor& x) { return std::vector<Tensor>{m::linear(x, fc)}; },
               [&](const Tensor& x) { return std::vector<Tensor>{at::linear(x, fc)}; },
-              torch::randn({s.batch, s.seq, s.d_model}), {torch::randn({s.batch, s.seq, 2 * s.d_ff})},
-              reps);
+              torch::randn({s.batch, s.seq, s.d_model}),
+              {torch::randn({s.batch, s.seq, 2 * s.d_ff})}, reps);
     }
 
     // Heads as split_qkv_rope makes them; the output gradient strided, as attention's gets it.
     const auto heads = torch::randn({3, s.batch, H, s.seq, D});
     compare((std::string("causal attention, ") + s.name).c_str(),
-            [](const Tensor& x) { return std::vector<Tensor>{m::causal_attention(x[0], x[1], x[2], 0.0)}; },
             [](const Tensor& x) {
-              return std::vector<Tensor>{at::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true)};
+              return std::vector<Tensor>{m::causal_attention(x[0], x[1], x[2], 0.0)};
+            },
+            [](const Tensor& x) {
+              return std::vector<Tensor>{
+                  at::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true)};
             },
             heads, {torch::randn({s.batch, s.seq, H, D}).transpose(1, 2)}, reps);
   }

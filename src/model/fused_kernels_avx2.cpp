@@ -123,7 +123,8 @@ void qkv_rope_forward_avx2(const float* qkv, const float* cos, const float* sin,
       }
       for (int64_t h = 0; h < n_kv_heads; ++h) {
         rotate_head<-1>(row + (n_heads + h) * head_dim, c, s, at_head(k, n_kv_heads, h), half);
-        std::copy_n(row + (n_heads + n_kv_heads + h) * head_dim, head_dim, at_head(v, n_kv_heads, h));
+        std::copy_n(row + (n_heads + n_kv_heads + h) * head_dim, head_dim,
+                    at_head(v, n_kv_heads, h));
       }
     }
   });
@@ -163,7 +164,8 @@ namespace {
 inline float dot(const float* a, const float* b, int64_t n) {
   Vec acc(0.0f);
   int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  for (; i + Vec::size() <= n; i += Vec::size())
+    acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
   float sum = at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return x + y; }, acc);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
@@ -215,7 +217,8 @@ void rms_norm_backward_avx2(const float* x, const float* weight, const float* rs
         Vec acc(0.0f);
         int64_t i = 0;
         for (; i + Vec::size() <= n; i += Vec::size()) {
-          acc = at::vec::fmadd(Vec::loadu(dy + i) * Vec::loadu(weight + i), Vec::loadu(xr + i), acc);
+          acc =
+              at::vec::fmadd(Vec::loadu(dy + i) * Vec::loadu(weight + i), Vec::loadu(xr + i), acc);
         }
         float sum = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, acc);
         for (; i < n; ++i) sum += dy[i] * weight[i] * xr[i];
@@ -249,8 +252,10 @@ void causal_softmax_forward_avx2(float* s, int64_t n, int64_t seq, float scale) 
       float max = -std::numeric_limits<float>::infinity();
       int64_t j = 0;
       Vec max_v(max);
-      for (; j + Vec::size() <= len; j += Vec::size()) max_v = at::vec::maximum(max_v, Vec::loadu(row + j));
-      max = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, max_v);
+      for (; j + Vec::size() <= len; j += Vec::size())
+        max_v = at::vec::maximum(max_v, Vec::loadu(row + j));
+      max = at::vec::vec_reduce_all(
+          [](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, max_v);
       for (; j < len; ++j) max = std::max(max, row[j]);
       // scale > 0, so the largest scaled score is scale * max.
       const Vec shift_v(scale * max);
@@ -277,7 +282,8 @@ void causal_softmax_forward_avx2(float* s, int64_t n, int64_t seq, float scale) 
   });
 }
 
-void causal_softmax_backward_avx2(const float* p, float* grad, int64_t n, int64_t seq, float scale) {
+void causal_softmax_backward_avx2(const float* p, float* grad, int64_t n, int64_t seq,
+                                  float scale) {
   at::parallel_for(0, n * seq, row_grain(seq), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* pr = p + r * seq;

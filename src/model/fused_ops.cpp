@@ -27,8 +27,12 @@ const std::optional<c10::OperatorHandle>& onednn_linear_op() {
 
 // x (M, K) @ w^T where w is (N, K) with any strides oneDNN accepts -> (M, N).
 Tensor onednn_linear_2d(const Tensor& x, const Tensor& w) {
-  torch::jit::Stack stack{x, w, /*bias=*/c10::IValue(), /*attr=*/std::string("none"),
-                          /*scalars=*/c10::List<std::optional<c10::Scalar>>(), /*algorithm=*/c10::IValue()};
+  torch::jit::Stack stack{x,
+                          w,
+                          /*bias=*/c10::IValue(),
+                          /*attr=*/std::string("none"),
+                          /*scalars=*/c10::List<std::optional<c10::Scalar>>(),
+                          /*algorithm=*/c10::IValue()};
   onednn_linear_op()->callBoxed(&stack);
   return stack[0].toTensor();
 }
@@ -75,7 +79,8 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
     ctx->save_for_backward({gate_up});
     const int64_t f = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * f);
     auto out = half_last_dim_empty(gate_up);
-    kernels::swiglu_forward_avx2(gate_up.const_data_ptr<float>(), out.mutable_data_ptr<float>(), rows, f);
+    kernels::swiglu_forward_avx2(gate_up.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+                                 rows, f);
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -171,13 +176,14 @@ struct FusedQkvRope : torch::autograd::Function<FusedQkvRope> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const int64_t B = shape[0], T = shape[1], H = shape[2], Hkv = shape[3], D = shape[4];
-    // The kernel reads any (B, T, h) strides but needs each head's D values contiguous.
+    // The kernel reads any (B, h, T) strides but needs each head's D values contiguous.
     for (auto& g : grads) {
       if (g.defined() && g.stride(3) != 1) g = g.contiguous();
     }
     auto grad_qkv = at::empty({B, T, (H + 2 * Hkv) * D}, saved[0].options());
-    kernels::qkv_rope_backward_avx2(heads_view(grads[0]), heads_view(grads[1]), heads_view(grads[2]),
-                                    saved[0].const_data_ptr<float>(), saved[1].const_data_ptr<float>(),
+    kernels::qkv_rope_backward_avx2(heads_view(grads[0]), heads_view(grads[1]),
+                                    heads_view(grads[2]), saved[0].const_data_ptr<float>(),
+                                    saved[1].const_data_ptr<float>(),
                                     grad_qkv.mutable_data_ptr<float>(), B, T, H, Hkv, D);
     return {grad_qkv, Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -209,11 +215,12 @@ Tensor swiglu(const Tensor& gate_up) {
 }
 
 void set_cpu_matmul(CpuMatmul backend) { g_cpu_matmul = backend; }
-CpuMatmul cpu_matmul() { return g_cpu_matmul; }
 bool onednn_linear_available() { return onednn_linear_op().has_value(); }
 
 bool linear_uses_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  auto cpu_fp32 = [](const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; };
+  auto cpu_fp32 = [](const Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == torch::kFloat;
+  };
   return g_cpu_matmul == CpuMatmul::kOneDnn && onednn_linear_available() &&
          !at::autocast::is_autocast_enabled(at::kCPU) && cpu_fp32(x) && cpu_fp32(weight) &&
          x.dim() >= 1 && x.numel() > 0 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&

@@ -28,10 +28,11 @@ bool swiglu_is_fused(const torch::Tensor& gate_up);
 // faster for the third. Everything else is at::linear.
 enum class CpuMatmul { kOneDnn, kAten };
 void set_cpu_matmul(CpuMatmul backend);  // process-wide; run.cpu_matmul
-CpuMatmul cpu_matmul();
-bool onednn_linear_available();  // LibTorch was built with oneDNN (mkldnn)
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
-bool linear_uses_onednn(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
+bool onednn_linear_available();          // LibTorch was built with oneDNN (mkldnn)
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias = {});
+bool linear_uses_onednn(const torch::Tensor& x, const torch::Tensor& weight,
+                        const torch::Tensor& bias = {});
 
 // RMSNorm over the last dimension with a gain: x (..., n), weight (n) -> (..., n), the value of
 // at::rms_norm. Fused (one pass forward, one pass backward for both gradients) for contiguous
@@ -41,7 +42,8 @@ torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Tensor& we
 bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight);
 
 // Rotary embedding, "rotate half" layout: x (B, T, h, D), cos/sin (>= T, D/2) -> (B, T, h, D).
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin);
 
 // Attention heads from a fused QKV projection (B, T, (H + 2 Hkv) D), laid out [q | k | v]:
 // heads-first q (B, H, T, D), k and v (B, Hkv, T, D), with q and k rotated by apply_rope's

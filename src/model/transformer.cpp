@@ -109,7 +109,8 @@ class AttentionImpl : public torch::nn::Module {
     k = repeat_kv(k.to(v.scalar_type()), n_heads_ / n_kv_heads_);
     v = repeat_kv(v, n_heads_ / n_kv_heads_);
     auto y = causal_attention(q, k, v, is_training() ? dropout_ : 0.0);  // (B, H, T, D)
-    auto out = model::linear(y.transpose(1, 2).reshape({B, T, n_heads_ * D}), proj_->weight, proj_->bias);  // (B, T, C)
+    const auto merged = y.transpose(1, 2).reshape({B, T, n_heads_ * D});
+    auto out = model::linear(merged, proj_->weight, proj_->bias);  // (B, T, C)
     if (is_training() && record_stats_) {
       // One small reduction kept on the device for the guard's drift check; read at log steps.
       torch::NoGradGuard no_grad;
@@ -142,7 +143,7 @@ class MlpImpl : public torch::nn::Module {
         "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
   }
   Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
-    auto h = model::linear(x, fc_->weight, fc_->bias);                  // (B, T, 2F) or (B, T, F)
+    auto h = model::linear(x, fc_->weight, fc_->bias);  // (B, T, 2F) or (B, T, F)
     if (llama_) {
       h = swiglu(h);
     } else {

@@ -1,8 +1,8 @@
 #include "model/fused_ops.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <ATen/autocast_mode.h>
 
 namespace keel::model {
 namespace {
@@ -62,16 +62,19 @@ TEST(FusedOps, OneDnnLinearMatchesAtLinearForwardAndGradients) {
       auto b = with_bias ? b0.clone().requires_grad_(true) : torch::Tensor();
       auto y = onednn ? model::linear(x, w, b) : at::linear(x, w, b);
       (y * weights).sum().backward();
-      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(), with_bias ? b.grad() : torch::zeros({1})};
+      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(),
+                                        with_bias ? b.grad() : torch::zeros({1})};
     };
     const auto fused = run(true), ref = run(false);
     for (size_t i = 0; i < fused.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(fused[i], ref[i], 1e-5, 1e-5)) << i << ": " << (fused[i] - ref[i]).abs().max();
+      EXPECT_TRUE(torch::allclose(fused[i], ref[i], 1e-5, 1e-5))
+          << i << ": " << (fused[i] - ref[i]).abs().max();
     }
   }
   // A strided input (attention's output, transposed back) is made contiguous, not refused.
   const auto strided = torch::randn({7, 3, 40}).transpose(0, 1);
-  EXPECT_TRUE(torch::allclose(model::linear(strided, torch::ones({5, 40})), at::linear(strided, torch::ones({5, 40})), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(model::linear(strided, torch::ones({5, 40})),
+                              at::linear(strided, torch::ones({5, 40})), 1e-5, 1e-5));
 }
 
 TEST(FusedOps, LinearStaysOnAtenWhereOneDnnDoesNotApply) {
@@ -124,7 +127,8 @@ HeadsAndGrad heads_and_grad(bool fused, const torch::Tensor& qkv, const torch::T
                             const torch::Tensor& sin, int64_t h, int64_t hkv,
                             const std::vector<torch::Tensor>& weights, bool use_k = true) {
   auto x = qkv.detach().clone().requires_grad_(true);
-  auto heads = fused ? split_qkv_rope(x, cos, sin, h, hkv) : split_qkv_rope_composite(x, cos, sin, h, hkv);
+  auto heads =
+      fused ? split_qkv_rope(x, cos, sin, h, hkv) : split_qkv_rope_composite(x, cos, sin, h, hkv);
   auto loss = (heads.q * weights[0]).sum() + (heads.v * weights[2]).sum();
   if (use_k) loss = loss + (heads.k * weights[1]).sum();
   loss.backward();
@@ -135,7 +139,9 @@ TEST(FusedOps, SplitQkvRopeMatchesTheCompositeForwardAndBackward) {
   torch::manual_seed(5);
   // D = 64 (four vectors per half) and D = 20 (one vector and a scalar tail); with and without GQA;
   // tables longer than the sequence, as the model's are.
-  struct Shape { int64_t b, t, h, hkv, d; };
+  struct Shape {
+    int64_t b, t, h, hkv, d;
+  };
   for (const Shape& sh : {Shape{2, 9, 4, 4, 64}, Shape{3, 5, 6, 2, 20}}) {
     const int64_t half = sh.d / 2;
     const auto angles = torch::rand({sh.t + 3, half}) * 6.28;
@@ -166,10 +172,15 @@ TEST(FusedOps, CausalAttentionMatchesSdpaForwardAndBackward) {
   torch::manual_seed(11);
   // T = 13: rows of every length mod 8; D = 64 and 20; one batch with huge scores, whose
   // exponentials underflow to zero and must not turn into NaN.
-  struct Shape { int64_t b, h, t, d; double amplitude; };
-  for (const Shape& sh : {Shape{2, 3, 13, 64, 1.0}, Shape{1, 2, 40, 20, 1.0}, Shape{1, 1, 9, 8, 60.0}}) {
+  struct Shape {
+    int64_t b, h, t, d;
+    double amplitude;
+  };
+  for (const Shape& sh :
+       {Shape{2, 3, 13, 64, 1.0}, Shape{1, 2, 40, 20, 1.0}, Shape{1, 1, 9, 8, 60.0}}) {
     std::vector<torch::Tensor> inputs;
-    for (int i = 0; i < 3; ++i) inputs.push_back(torch::randn({sh.b, sh.t, sh.h, sh.d}).transpose(1, 2) * sh.amplitude);
+    for (int i = 0; i < 3; ++i)
+      inputs.push_back(torch::randn({sh.b, sh.t, sh.h, sh.d}).transpose(1, 2) * sh.amplitude);
     const auto weights = torch::randn({sh.b, sh.h, sh.t, sh.d});
     if (!causal_attention_is_fused(inputs[0], inputs[1], inputs[2], 0.0)) {
       GTEST_SKIP() << "no AVX2+FMA on this CPU: causal_attention is SDPA";
@@ -209,7 +220,8 @@ TEST(FusedOps, SplitQkvRopeTakesTheCompositeWhereTheKernelDoesNotApply) {
   const bool cpu_has_kernels = swiglu_is_fused(torch::randn({2}));
   EXPECT_EQ(split_qkv_rope_is_fused(qkv, cos, sin, 1, 1), cpu_has_kernels);
   EXPECT_FALSE(split_qkv_rope_is_fused(qkv.to(torch::kDouble), cos, sin, 1, 1));
-  EXPECT_FALSE(split_qkv_rope_is_fused(torch::randn({2, 9, 24}), cos, sin, 1, 1));  // table too short
+  EXPECT_FALSE(
+      split_qkv_rope_is_fused(torch::randn({2, 9, 24}), cos, sin, 1, 1));  // table too short
   EXPECT_FALSE(split_qkv_rope_is_fused(qkv, cos, sin, 2, 1));  // 24 is not 4 heads of an even dim
   EXPECT_FALSE(split_qkv_rope_is_fused(torch::randn({8, 2, 24}).transpose(0, 1), cos, sin, 1, 1));
   // cos 1, sin 0 is the identity rotation, whichever path runs.
