@@ -160,13 +160,17 @@ void qkv_rope_backward_avx2(HeadsView dq, HeadsView dk, HeadsView dv, const floa
 
 namespace {
 
+inline float sum_lanes(const Vec& v) {
+  return at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, v);
+}
+
 // Sum of a[i] * b[i] over n, vector lanes first, then the tail.
 inline float dot(const float* a, const float* b, int64_t n) {
   Vec acc(0.0f);
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size())
     acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
-  float sum = at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return x + y; }, acc);
+  float sum = sum_lanes(acc);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
@@ -220,7 +224,7 @@ void rms_norm_backward_avx2(const float* x, const float* weight, const float* rs
           acc =
               at::vec::fmadd(Vec::loadu(dy + i) * Vec::loadu(weight + i), Vec::loadu(xr + i), acc);
         }
-        float sum = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, acc);
+        float sum = sum_lanes(acc);
         for (; i < n; ++i) sum += dy[i] * weight[i] * xr[i];
         const float coef = rs * rs * rs * sum * inv_n;  // rstd * xhat-coefficient folded into x
         const Vec rsv(rs), coefv(coef);
@@ -267,7 +271,7 @@ void causal_softmax_forward_avx2(float* s, int64_t n, int64_t seq, float scale) 
         e.store(row + j);
         sum_v = sum_v + e;
       }
-      sum = at::vec::vec_reduce_all([](const Vec& a, const Vec& b) { return a + b; }, sum_v);
+      sum = sum_lanes(sum_v);
       for (; j < len; ++j) {
         row[j] = std::exp(row[j] * scale - scale * max);
         sum += row[j];
