@@ -211,8 +211,9 @@ def peak_matmul_flops(device, precision, threads):
             torch.cuda.synchronize()
 
     gemms = {"ATen mm": lambda: torch.mm(a, b, out=out)}
-    if device == "cpu" and onednn_mm(a, b) is not None:
-        gemms["oneDNN"] = onednn_mm(a, b)
+    onednn = onednn_mm(a, b) if device == "cpu" else None
+    if onednn is not None:
+        gemms["oneDNN"] = onednn
     best, best_name = float("inf"), ""
     for name, gemm in gemms.items():
         for _ in range(warmup):
@@ -229,7 +230,9 @@ def peak_matmul_flops(device, precision, threads):
     del a, b, out
     if device == "cuda":
         torch.cuda.empty_cache()
-    how = f"{n}³ {precision} matmul, best of {reps}" + (f" each of {', '.join(gemms)}: {best_name}" if len(gemms) > 1 else "")
+    how = f"{n}³ {precision} matmul, best of {reps}"
+    if len(gemms) > 1:
+        how += f" each of {', '.join(gemms)}: {best_name}"
     return 2.0 * n ** 3 / best, how
 
 
