@@ -38,14 +38,20 @@ Args parse(int argc, char** argv) {
       }
       return std::string(argv[++i]);
     };
-    if (s == "--batch") a.batch = std::stoll(value());
-    else if (s == "--seq") a.seq = std::stoll(value());
-    else if (s == "--seconds") a.seconds = std::stod(value());
-    else if (s == "--consumes") a.consumes.push_back(std::stod(value()));
-    else if (a.dir.empty() && s[0] != '-') a.dir = s;
+    if (s == "--batch")
+      a.batch = std::stoll(value());
+    else if (s == "--seq")
+      a.seq = std::stoll(value());
+    else if (s == "--seconds")
+      a.seconds = std::stod(value());
+    else if (s == "--consumes")
+      a.consumes.push_back(std::stod(value()));
+    else if (a.dir.empty() && s[0] != '-')
+      a.dir = s;
     else {
-      std::fprintf(stderr, "usage: keel_bench_loader DATA_DIR [--batch B] [--seq T] [--seconds S] "
-                           "[--consumes TOKENS_PER_S]...\n");
+      std::fprintf(stderr,
+                   "usage: keel_bench_loader DATA_DIR [--batch B] [--seq T] [--seconds S] "
+                   "[--consumes TOKENS_PER_S]...\n");
       std::exit(2);
     }
   }
@@ -61,7 +67,8 @@ Args parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   std::printf("loader: B=%lld, T=%lld, stratified sampling, memory-mapped shards in %s\n",
-              static_cast<long long>(args.batch), static_cast<long long>(args.seq), args.dir.c_str());
+              static_cast<long long>(args.batch), static_cast<long long>(args.seq),
+              args.dir.c_str());
   for (int workers : {1, 2}) {
     keel::data::LoaderOptions o;
     o.dir = args.dir;
@@ -85,8 +92,8 @@ int main(int argc, char** argv) {
     }
     const double batches = n / elapsed;
     const double tokens = batches * static_cast<double>(args.batch * args.seq);
-    std::printf("  %d worker(s): %.0f micro-batches/s = %.3g tokens/s (%.1f us per batch)\n", workers,
-                batches, tokens, 1e6 / batches);
+    std::printf("  %d worker(s): %.0f micro-batches/s = %.3g tokens/s (%.1f us per batch)\n",
+                workers, batches, tokens, 1e6 / batches);
     for (double c : args.consumes)
       std::printf("    against a trainer consuming %.3g tokens/s: %.0fx headroom\n", c, tokens / c);
   }

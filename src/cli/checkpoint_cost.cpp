@@ -3,10 +3,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fmt/format.h>
 #include <vector>
 
 #include "checkpoint/file_io.h"
@@ -112,8 +112,8 @@ CheckpointCost estimate_checkpoint_cost(const config::Config& cfg,
   if (options.probe) {
     const auto dir = config::nearest_existing_dir(config::checkpoint_dir(cfg));
     cost.probe_dir = dir.string();
-    const size_t probe_bytes =
-        std::clamp<size_t>(static_cast<size_t>(cost.checkpoint_bytes), size_t{1} << 20, kProbeBytes);
+    const size_t probe_bytes = std::clamp<size_t>(static_cast<size_t>(cost.checkpoint_bytes),
+                                                  size_t{1} << 20, kProbeBytes);
     cost.disk_write_bytes_per_s = probe_disk_write(dir, probe_bytes);
     cost.host_copy_bytes_per_s = probe_host_copy(probe_bytes);
     cost.matmul_flops_per_s = probe_matmul(cfg.run);
@@ -153,20 +153,22 @@ std::string format_checkpoint_cost(const CheckpointCost& c, const config::Config
     if (c.step_seconds_measured)
       line(fmt::format("step time {} (given with --step-time)", seconds_text(*c.step_seconds)));
     else
-      line(fmt::format("step time {} ({:.3g} GFLOP per step at {:.0f}% of the measured {} matmul "
-                       "peak {:.1f} TFLOP/s; pass --step-time for a measured figure)",
-                       seconds_text(*c.step_seconds), c.flops_per_step / 1e9, kAssumedMfu * 100,
-                       cfg.run.precision, *c.matmul_flops_per_s / 1e12));
+      line(
+          fmt::format("step time {} ({:.3g} GFLOP per step at {:.0f}% of the measured {} matmul "
+                      "peak {:.1f} TFLOP/s; pass --step-time for a measured figure)",
+                      seconds_text(*c.step_seconds), c.flops_per_step / 1e9, kAssumedMfu * 100,
+                      cfg.run.precision, *c.matmul_flops_per_s / 1e12));
   }
   if (c.stall_seconds) {
     const std::string every = cfg.checkpoint.every_steps > 0
                                   ? fmt::format("every {} steps", cfg.checkpoint.every_steps)
                                   : std::string("once, at the end");
-    std::string what = cfg.checkpoint.async ? "async: the copy to host memory"
-                                            : "sync: the whole write";
+    std::string what =
+        cfg.checkpoint.async ? "async: the copy to host memory" : "sync: the whole write";
     if (c.share)
-      line(fmt::format("checkpointing {} stalls training {} per save ({}), {:.2f}% of training time",
-                       every, seconds_text(*c.stall_seconds), what, *c.share * 100));
+      line(
+          fmt::format("checkpointing {} stalls training {} per save ({}), {:.2f}% of training time",
+                      every, seconds_text(*c.stall_seconds), what, *c.share * 100));
     else
       line(fmt::format("checkpointing {} stalls training {} per save ({})", every,
                        seconds_text(*c.stall_seconds), what));

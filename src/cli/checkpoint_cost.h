@@ -24,24 +24,24 @@ inline constexpr double kCheckpointShareWarn = 0.05;
 
 struct CheckpointCostOptions {
   int64_t world_size = 1;
-  bool probe = true;                        // false: no disk or matmul probe (figures that need one are absent)
-  std::optional<double> step_seconds;       // measured optimizer step time, replaces the estimate
+  bool probe = true;  // false: no disk or matmul probe (figures that need one are absent)
+  std::optional<double> step_seconds;  // measured optimizer step time, replaces the estimate
 };
 
 struct CheckpointCost {
   int64_t parameters = 0;
   double checkpoint_bytes = 0;
-  std::string probe_dir;                    // where the disk probe wrote
+  std::string probe_dir;  // where the disk probe wrote
   std::optional<double> disk_write_bytes_per_s;
   std::optional<double> host_copy_bytes_per_s;
   double flops_per_step = 0;
-  std::optional<double> matmul_flops_per_s; // measured peak on the run's device and precision
+  std::optional<double> matmul_flops_per_s;  // measured peak on the run's device and precision
   std::optional<double> step_seconds;
-  bool step_seconds_measured = false;       // true when given by the user
-  int64_t interval_steps = 0;               // steps between saves (max_steps when only at the end)
-  std::optional<double> write_seconds;      // one checkpoint, start to durable
-  std::optional<double> stall_seconds;      // training time lost per save
-  std::optional<double> share;              // stall / (interval * step + stall)
+  bool step_seconds_measured = false;   // true when given by the user
+  int64_t interval_steps = 0;           // steps between saves (max_steps when only at the end)
+  std::optional<double> write_seconds;  // one checkpoint, start to durable
+  std::optional<double> stall_seconds;  // training time lost per save
+  std::optional<double> share;          // stall / (interval * step + stall)
 };
 
 CheckpointCost estimate_checkpoint_cost(const config::Config& config,

@@ -32,8 +32,8 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
     try {
       opts.data_vocab_size = data::shard_vocab_size(loaded.config.data.path);
     } catch (const DataError& e) {
-      diagnostics.push_back({config::Diagnostic::Severity::kError, "data.path",
-                             loaded.where("data.path"), e.what()});
+      diagnostics.push_back(
+          {config::Diagnostic::Severity::kError, "data.path", loaded.where("data.path"), e.what()});
     }
   }
   std::set<std::string> failed;

@@ -24,7 +24,8 @@ void register_train(CLI::App& app, int& exit_code) {
     auto diagnostics = check(loaded, validate_options);
     int errors = print_diagnostics(diagnostics);
     if (errors > 0)
-      throw ConfigError(std::to_string(errors) + " config error(s); run `keel validate` for the list");
+      throw ConfigError(std::to_string(errors) +
+                        " config error(s); run `keel validate` for the list");
 
     dist::SingleProcess comm;
     log::init(comm.rank(), comm.world_size());

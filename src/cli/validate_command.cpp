@@ -15,7 +15,8 @@ void register_validate(CLI::App& app, int& exit_code) {
   auto world = std::make_shared<int64_t>(1);
   auto step_time = std::make_shared<double>(0.0);
   auto no_probe = std::make_shared<bool>(false);
-  auto* sub = app.add_subcommand("validate", "check a config before launch; exit 0 valid, 2 invalid");
+  auto* sub =
+      app.add_subcommand("validate", "check a config before launch; exit 0 valid, 2 invalid");
   add_config_options(*sub, *args);
   sub->add_flag("--print-config", *print_config, "print the resolved config (YAML) when valid");
   sub->add_option("--world-size", *world, "ranks the run will use (for the global batch)")
@@ -48,13 +49,13 @@ void register_validate(CLI::App& app, int& exit_code) {
     const auto cost = estimate_checkpoint_cost(loaded.config, cost_options);
     std::cout << format_checkpoint_cost(cost, loaded.config);
     if (cost.share && *cost.share > kCheckpointShareWarn) {
-      config::Diagnostic d{config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
-                           loaded.where("checkpoint.every_steps"),
-                           fmt::format("saving costs about {:.1f}% of training time; raise "
-                                       "checkpoint.every_steps{}",
-                                       *cost.share * 100,
-                                       loaded.config.checkpoint.async ? ""
-                                                                      : " or set checkpoint.async: true")};
+      config::Diagnostic d{
+          config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
+          loaded.where("checkpoint.every_steps"),
+          fmt::format("saving costs about {:.1f}% of training time; raise "
+                      "checkpoint.every_steps{}",
+                      *cost.share * 100,
+                      loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
       print_diagnostics({d});
     }
     std::cout << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";

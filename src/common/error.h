@@ -1,7 +1,7 @@
 // The one error hierarchy of keel. Every error is caught in main(), which maps it to an exit code:
 //   2  the user's input is wrong (config, flags, data) — UserError and its children;
-//   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall) — RunStopped;
-//   anything else is a bug.
+//   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall) —
+//   RunStopped; anything else is a bug.
 #pragma once
 
 #include <stdexcept>

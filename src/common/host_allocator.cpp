@@ -59,7 +59,8 @@ class CachingHostAllocator final : public c10::Allocator {
   }
 
   static CachingHostAllocator& instance() {
-    static auto* allocator = new CachingHostAllocator();  // never destroyed: tensors may outlive statics
+    static auto* allocator =
+        new CachingHostAllocator();  // never destroyed: tensors may outlive statics
     return *allocator;
   }
 

@@ -15,10 +15,10 @@
 namespace keel {
 
 struct HostAllocatorStats {
-  int64_t hits = 0;           // large allocations served from the cache
-  int64_t misses = 0;         // large allocations that went to the system
-  int64_t cached_bytes = 0;   // free blocks held now
-  int64_t in_use_bytes = 0;   // large blocks handed out and not yet freed
+  int64_t hits = 0;          // large allocations served from the cache
+  int64_t misses = 0;        // large allocations that went to the system
+  int64_t cached_bytes = 0;  // free blocks held now
+  int64_t in_use_bytes = 0;  // large blocks handed out and not yet freed
 };
 
 // Makes the caching allocator LibTorch's CPU allocator for the rest of the process. Requests

@@ -42,10 +42,18 @@ void write(Level level, std::string_view component, std::string_view message) {
   if (g_quiet_rank && (level == Level::kInfo || level == Level::kDebug)) return;
   std::string line = "[" + std::string(component) + "] " + std::string(message);
   switch (level) {
-    case Level::kDebug: logger()->debug(line); break;
-    case Level::kInfo: logger()->info(line); break;
-    case Level::kWarn: logger()->warn(line); break;
-    case Level::kError: logger()->error(line); break;
+    case Level::kDebug:
+      logger()->debug(line);
+      break;
+    case Level::kInfo:
+      logger()->info(line);
+      break;
+    case Level::kWarn:
+      logger()->warn(line);
+      break;
+    case Level::kError:
+      logger()->error(line);
+      break;
   }
 }
 

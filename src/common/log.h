@@ -1,6 +1,7 @@
 // Component-tagged logging ("[data] ...", "[guard] ..."), backed by spdlog in log.cpp.
 // Only rank 0 prints info by default; warnings and errors print on every rank.
-// Formatting uses fmt (LibTorch's copy, header-only); spdlog itself never sees this header's callers.
+// Formatting uses fmt (LibTorch's copy, header-only); spdlog itself never sees this header's
+// callers.
 #pragma once
 
 #include <fmt/format.h>

@@ -31,16 +31,17 @@ struct Diagnostic {
 
 struct LoadedConfig {
   Config config;
-  std::string path;                             // the YAML file ("<string>" when loaded from text)
-  std::map<std::string, SourceLoc> locations;   // key path -> where it was set (file or --set)
-  std::vector<Diagnostic> diagnostics;          // unknown keys, type errors, refused overrides
+  std::string path;                            // the YAML file ("<string>" when loaded from text)
+  std::map<std::string, SourceLoc> locations;  // key path -> where it was set (file or --set)
+  std::vector<Diagnostic> diagnostics;         // unknown keys, type errors, refused overrides
   // Location of a key for messages: its own location, else the nearest set ancestor, else FILE:1:1.
   SourceLoc where(const std::string& key) const;
   bool has_errors() const;
 };
 
-// Loads `path` and applies `overrides` ("a.b=value", value parsed as YAML: 3e-4, [0.9, 0.95], true).
-// Throws ConfigError only when the file cannot be read or is not YAML at all (with line/column).
+// Loads `path` and applies `overrides` ("a.b=value", value parsed as YAML: 3e-4, [0.9, 0.95],
+// true). Throws ConfigError only when the file cannot be read or is not YAML at all (with
+// line/column).
 LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 LoadedConfig load_config_from_string(const std::string& yaml_text, const std::string& name,
                                      const std::vector<std::string>& overrides = {});

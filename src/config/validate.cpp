@@ -372,7 +372,8 @@ void check_vocab(Checker& c, const ModelConfig& m, int64_t data_vocab) {
   }
 }
 
-void check_filesystem(Checker& c, const Config& cfg, int64_t parameters, const std::string& run_dir) {
+void check_filesystem(Checker& c, const Config& cfg, int64_t parameters,
+                      const std::string& run_dir) {
   const fs::path dir = checkpoint_dir(cfg, run_dir);
   std::error_code ec;
   const fs::path existing = nearest_existing_dir(dir);

@@ -13,11 +13,11 @@
 namespace keel::config {
 
 struct ValidateOptions {
-  int64_t world_size = 1;                 // ranks that will share the global batch
-  bool check_filesystem = true;           // checkpoint dir writable, free space estimate
-  std::optional<int64_t> data_vocab_size; // vocabulary of the prepared data, when known
-  std::optional<int64_t> parameter_count; // when known (else estimated from the model shape)
-  std::string run_dir;                    // `keel train --run-dir`; empty = run.out_dir/run.name
+  int64_t world_size = 1;                  // ranks that will share the global batch
+  bool check_filesystem = true;            // checkpoint dir writable, free space estimate
+  std::optional<int64_t> data_vocab_size;  // vocabulary of the prepared data, when known
+  std::optional<int64_t> parameter_count;  // when known (else estimated from the model shape)
+  std::string run_dir;                     // `keel train --run-dir`; empty = run.out_dir/run.name
 };
 
 // Every problem at once: range and enum rules, cross-key rules, production.validated combinations,

@@ -19,9 +19,9 @@ struct Batch {
 // What the loader measured since the last call to take_stats(): how long the trainer waited for
 // data (the backpressure wait below the low watermark) and how full the queue is now.
 struct LoaderStats {
-  double wait_ms = 0.0;       // total time next() blocked
-  int64_t waits = 0;          // number of low-watermark waits
-  int64_t queue_depth = 0;    // batches ready now
+  double wait_ms = 0.0;     // total time next() blocked
+  int64_t waits = 0;        // number of low-watermark waits
+  int64_t queue_depth = 0;  // batches ready now
 };
 
 // A stream of micro-batches for one rank. Its position is a small serialisable state: a resumed

@@ -45,7 +45,8 @@ SyntheticChain::SyntheticChain(int64_t vocab_size, int64_t branching, double zip
 }
 
 void SyntheticChain::generate(int64_t sample_id, int64_t length, int64_t* out) const {
-  SplitMix64 rng{seed_ * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(sample_id) * 0x9E3779B97F4A7C15ull};
+  SplitMix64 rng{seed_ * 0x2545F4914F6CDD1Dull +
+                 static_cast<uint64_t>(sample_id) * 0x9E3779B97F4A7C15ull};
   rng.next();
   int64_t x = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(vocab_size_));
   for (int64_t t = 0; t < length; ++t) {

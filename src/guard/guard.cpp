@@ -41,12 +41,14 @@ nlohmann::json Guard::layer_report(const StepSignals& s) const {
   nlohmann::json top = nlohmann::json::array();
   for (size_t k = 0; k < std::min<size_t>(3, ratios.size()); ++k)
     top.push_back({{"layer", layer_names_[ratios[k].second]}, {"ratio", ratios[k].first}});
-  size_t risen = std::count_if(ratios.begin(), ratios.end(), [&](auto& r) {
-    return r.first > cfg_.warn_factor * kRisenShare;
-  });
+  size_t risen = std::count_if(ratios.begin(), ratios.end(),
+                               [&](auto& r) { return r.first > cfg_.warn_factor * kRisenShare; });
   // All layers rising together points at the data or the learning rate; a few at one module.
-  std::string verdict = ratios.empty() ? "unknown" : (2 * risen >= ratios.size() ? "global" : "local");
-  return {{"top_layers", top}, {"verdict", verdict}, {"layers_risen", risen},
+  std::string verdict =
+      ratios.empty() ? "unknown" : (2 * risen >= ratios.size() ? "global" : "local");
+  return {{"top_layers", top},
+          {"verdict", verdict},
+          {"layers_risen", risen},
           {"layers", ratios.size()}};
 }
 
@@ -56,9 +58,10 @@ Decision Guard::observe(const StepSignals& s) {
   if (!finite) {
     ++consecutive_nan_;
     note_alarm(s.step);
-    nlohmann::json detail = {{"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
-                             {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
-                             {"consecutive", consecutive_nan_}};
+    nlohmann::json detail = {
+        {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
+        {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
+        {"consecutive", consecutive_nan_}};
     if (cfg_.nan_policy == "abort") {
       d.events.push_back({"abort", detail});
       throw RunStopped("non-finite loss or gradient at step " + std::to_string(s.step) +
@@ -103,8 +106,10 @@ Decision Guard::observe(const StepSignals& s) {
   if (norm_pause || loss_pause) {
     note_alarm(s.step);
     nlohmann::json detail = {{"reason", norm_pause ? "grad_norm" : "loss"},
-                             {"grad_norm", s.grad_norm}, {"grad_norm_median", norm_median},
-                             {"loss", s.loss}, {"loss_median", loss_median}};
+                             {"grad_norm", s.grad_norm},
+                             {"grad_norm_median", norm_median},
+                             {"loss", s.loss},
+                             {"loss_median", loss_median}};
     d.events.push_back({"pause", detail});
     d.action = Action::kPause;
     return d;
@@ -121,15 +126,19 @@ Decision Guard::observe(const StepSignals& s) {
 }
 
 void Guard::watch_rates(const StepSignals& s, Decision& d) {
-  const bool may_warn = last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
+  const bool may_warn =
+      last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
   auto warn = [&](nlohmann::json detail) {
     d.events.push_back({"warn", std::move(detail)});
     last_rate_warn_step_ = s.step;
   };
-  if (may_warn && clip_flags_.size() >= cfg_.median_window && clip_flags_.mean() > cfg_.clip_rate_warn) {
+  if (may_warn && clip_flags_.size() >= cfg_.median_window &&
+      clip_flags_.mean() > cfg_.clip_rate_warn) {
     double rate = clip_flags_.mean();
-    warn({{"signal", "clip_rate"}, {"clip_rate", rate},
-          {"message", "clipping fires on " + std::to_string(static_cast<int>(std::round(rate * 100))) +
+    warn({{"signal", "clip_rate"},
+          {"clip_rate", rate},
+          {"message", "clipping fires on " +
+                          std::to_string(static_cast<int>(std::round(rate * 100))) +
                           " % of steps — look at the data or the schedule"}});
   }
   if (s.loss_scale) {
@@ -138,9 +147,12 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
       scale_rises_.push(*s.loss_scale > *last_loss_scale_ ? 1.0 : 0.0);
     }
     last_loss_scale_ = s.loss_scale;
-    if (may_warn && scale_drops_.sum() >= kScaleOscillations && scale_rises_.sum() >= kScaleOscillations)
-      warn({{"signal", "loss_scale"}, {"loss_scale", *s.loss_scale},
-            {"drops", scale_drops_.sum()}, {"rises", scale_rises_.sum()},
+    if (may_warn && scale_drops_.sum() >= kScaleOscillations &&
+        scale_rises_.sum() >= kScaleOscillations)
+      warn({{"signal", "loss_scale"},
+            {"loss_scale", *s.loss_scale},
+            {"drops", scale_drops_.sum()},
+            {"rises", scale_rises_.sum()},
             {"message", "fp16 loss scale oscillates; consider bf16"}});
   }
 }
@@ -149,7 +161,8 @@ bool Guard::baseline_ready() const {
   return grad_norms_.size() >= std::min(kMinBaselineSteps, cfg_.median_window);
 }
 
-std::vector<GuardEvent> Guard::observe_periodic(int64_t step, const std::vector<double>& update_ratios,
+std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
+                                                const std::vector<double>& update_ratios,
                                                 const std::vector<double>& attention_std) {
   std::vector<GuardEvent> events;
   const bool may_warn =
@@ -159,10 +172,11 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step, const std::vector<
     // stable promotion the way a gradient or loss alarm does.
     if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
       last_periodic_warn_step_ = step;
-      events.push_back({"warn", {{"signal", "update_ratio"},
-                                 {"layer", i < layer_names_.size() ? layer_names_[i] : ""},
-                                 {"update_ratio", update_ratios[i]},
-                                 {"threshold", cfg_.update_ratio_alarm}}});
+      events.push_back({"warn",
+                        {{"signal", "update_ratio"},
+                         {"layer", i < layer_names_.size() ? layer_names_[i] : ""},
+                         {"update_ratio", update_ratios[i]},
+                         {"threshold", cfg_.update_ratio_alarm}}});
       break;
     }
   }
@@ -172,9 +186,12 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step, const std::vector<
     double drift = base > 0 ? std::abs(attention_std[i] - base) / base : 0.0;
     if (may_warn && events.empty() && drift > kAttentionDriftWarn) {
       last_periodic_warn_step_ = step;
-      events.push_back({"warn", {{"signal", "attention_drift"}, {"layer", static_cast<int64_t>(i)},
-                                 {"attention_std", attention_std[i]}, {"baseline", base},
-                                 {"drift", drift}}});
+      events.push_back({"warn",
+                        {{"signal", "attention_drift"},
+                         {"layer", static_cast<int64_t>(i)},
+                         {"attention_std", attention_std[i]},
+                         {"baseline", base},
+                         {"drift", drift}}});
     }
     attention_baseline_[i] = 0.9 * base + 0.1 * attention_std[i];  // slow baseline
   }
@@ -195,7 +212,8 @@ void Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
   if (rollbacks_ > cfg_.rollback.max_rollbacks) {
     std::string summary;
     for (const auto& i : incidents_) summary += "\n  " + i.dump();
-    throw RunStopped("rollback " + std::to_string(rollbacks_) + " exceeds stability.rollback.max_rollbacks=" +
+    throw RunStopped("rollback " + std::to_string(rollbacks_) +
+                     " exceeds stability.rollback.max_rollbacks=" +
                      std::to_string(cfg_.rollback.max_rollbacks) + "; incidents:" + summary);
   }
   recovery_until_ = step + cfg_.recovery.steps;
@@ -218,11 +236,16 @@ bool Guard::promotable(int64_t step, int64_t window, bool require_no_alarms) con
 nlohmann::json Guard::state() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& w : layer_norms_) layers.push_back(w.state());
-  return {{"grad_norms", grad_norms_.state()}, {"losses", losses_.state()},
-          {"clip_flags", clip_flags_.state()}, {"layer_norms", layers},
-          {"attention_baseline", attention_baseline_}, {"consecutive_nan", consecutive_nan_},
-          {"rollbacks", rollbacks_}, {"recovery_until", recovery_until_},
-          {"recovery_announced", recovery_announced_}, {"last_alarm_step", last_alarm_step_},
+  return {{"grad_norms", grad_norms_.state()},
+          {"losses", losses_.state()},
+          {"clip_flags", clip_flags_.state()},
+          {"layer_norms", layers},
+          {"attention_baseline", attention_baseline_},
+          {"consecutive_nan", consecutive_nan_},
+          {"rollbacks", rollbacks_},
+          {"recovery_until", recovery_until_},
+          {"recovery_announced", recovery_announced_},
+          {"last_alarm_step", last_alarm_step_},
           {"incidents", incidents_}};
 }
 
@@ -231,7 +254,8 @@ void Guard::load_state(const nlohmann::json& st) {
   losses_.load_state(st.at("losses"));
   clip_flags_.load_state(st.at("clip_flags"));
   const auto& layers = st.at("layer_norms");
-  for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i) layer_norms_[i].load_state(layers[i]);
+  for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
+    layer_norms_[i].load_state(layers[i]);
   attention_baseline_ = st.at("attention_baseline").get<std::vector<double>>();
   consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
   rollbacks_ = st.at("rollbacks").get<int64_t>();

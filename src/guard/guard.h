@@ -28,12 +28,12 @@
 namespace keel::guard {
 
 struct StepSignals {
-  int64_t step = 0;                       // optimizer step index about to be applied
-  double loss = 0.0;                      // mean batch cross-entropy
-  double grad_norm = 0.0;                 // global L2, before clipping
-  std::vector<double> layer_grad_norms;   // one per layer group (same order as layer_names)
+  int64_t step = 0;                      // optimizer step index about to be applied
+  double loss = 0.0;                     // mean batch cross-entropy
+  double grad_norm = 0.0;                // global L2, before clipping
+  std::vector<double> layer_grad_norms;  // one per layer group (same order as layer_names)
   bool clipped = false;
-  std::optional<double> loss_scale;       // fp16 only
+  std::optional<double> loss_scale;  // fp16 only
 };
 
 enum class Action { kApply, kSkip, kPause };

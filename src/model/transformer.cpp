@@ -81,7 +81,7 @@ class AttentionImpl : public torch::nn::Module {
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
     const auto qkv = model::linear(x, qkv_->weight, qkv_->bias);  // (B, T, (H + 2 Hkv) D)
-    Tensor q, k, v;  // heads-first: (B, H, T, D), k and v (B, Hkv, T, D)
+    Tensor q, k, v;                   // heads-first: (B, H, T, D), k and v (B, Hkv, T, D)
     if (cos.defined() && !q_norm_) {  // split and rotate in one pass where the kernel applies
       auto heads = split_qkv_rope(qkv, cos, sin, n_heads_, n_kv_heads_);
       q = std::move(heads.q);
@@ -142,7 +142,7 @@ class MlpImpl : public torch::nn::Module {
     proj_ = register_module(
         "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
   }
-  Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) {                     // (B, T, C) -> (B, T, C)
     auto h = model::linear(x, fc_->weight, fc_->bias);  // (B, T, 2F) or (B, T, F)
     if (llama_) {
       h = swiglu(h);
@@ -188,10 +188,11 @@ void check_shape_config(const config::ModelConfig& cfg) {
     throw ConfigError("model.arch: unknown arch '" + cfg.arch + "'\nHINT: use llama or gpt2");
   }
   if (cfg.n_heads <= 0 || cfg.d_model % cfg.n_heads != 0 || kv <= 0 || cfg.n_heads % kv != 0) {
-    throw ConfigError("model: d_model must be divisible by n_heads and n_heads by n_kv_heads (got "
-                      "d_model=" + std::to_string(cfg.d_model) + ", n_heads=" +
-                      std::to_string(cfg.n_heads) + ", n_kv_heads=" + std::to_string(kv) +
-                      ")\nHINT: e.g. d_model=128, n_heads=4, n_kv_heads=2");
+    throw ConfigError(
+        "model: d_model must be divisible by n_heads and n_heads by n_kv_heads (got "
+        "d_model=" +
+        std::to_string(cfg.d_model) + ", n_heads=" + std::to_string(cfg.n_heads) + ", n_kv_heads=" +
+        std::to_string(kv) + ")\nHINT: e.g. d_model=128, n_heads=4, n_kv_heads=2");
   }
   if (is_llama(cfg) && (cfg.d_model / cfg.n_heads) % 2 != 0) {
     throw ConfigError("model: rotary embeddings need an even head dim (d_model / n_heads)");
@@ -202,12 +203,13 @@ void check_shape_config(const config::ModelConfig& cfg) {
 std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim) {
   const auto inv_freq =
       torch::pow(kRopeBase, -torch::arange(0, head_dim, 2, torch::kDouble) / head_dim);  // (D/2)
-  const auto angles = torch::outer(torch::arange(seq_len, torch::kDouble), inv_freq);  // (T, D/2)
+  const auto angles = torch::outer(torch::arange(seq_len, torch::kDouble), inv_freq);    // (T, D/2)
   return {angles.cos().to(torch::kFloat), angles.sin().to(torch::kFloat)};
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -228,7 +230,8 @@ TransformerImpl::TransformerImpl(const config::ModelConfig& cfg) : cfg_(cfg) {
   register_module("final_norm", final_norm_.ptr());
   if (!cfg_.tie_embeddings) {
     lm_head_ = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg_.d_model, cfg_.vocab_size).bias(false)));
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(cfg_.d_model, cfg_.vocab_size).bias(false)));
   }
   init_weights();
 }
@@ -257,15 +260,16 @@ void TransformerImpl::init_weights() {
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   if (T > cfg_.seq_len) {
-    throw DataError("model: sequence of " + std::to_string(T) + " tokens is longer than model.seq_len=" +
-                    std::to_string(cfg_.seq_len) + "\nHINT: raise model.seq_len or feed shorter sequences");
+    throw DataError("model: sequence of " + std::to_string(T) +
+                    " tokens is longer than model.seq_len=" + std::to_string(cfg_.seq_len) +
+                    "\nHINT: raise model.seq_len or feed shorter sequences");
   }
   auto x = tok_emb_(tokens);  // (B, T, C)
   if (pos_emb_) x = x + pos_emb_(torch::arange(T, tokens.options().dtype(torch::kLong)));
   for (const auto& layer : *layers_) x = layer->as<BlockImpl>()->forward(x, rope_cos_, rope_sin_);
   x = final_norm_.forward(x);
   const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
-  return model::linear(x, head);  // (B, T, V)
+  return model::linear(x, head);                                      // (B, T, V)
 }
 
 LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {

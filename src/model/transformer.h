@@ -34,13 +34,15 @@ class TransformerImpl : public torch::nn::Module {
   // Model FLOPs per trained token (forward + backward): 6 * non-embedding-params + attention term
   // 12 * n_layers * d_model * seq_len, plus the output projection.
   double flops_per_token() const;
-  // Name prefix of each transformer layer's parameters ("layers.0.", ...), for per-layer statistics.
+  // Name prefix of each transformer layer's parameters ("layers.0.", ...), for per-layer
+  // statistics.
   std::vector<std::string> layer_prefixes() const;
   // Whether training-mode forwards record the attention-output std (default on). The trainer
   // turns it on only for the steps whose statistics it reads, sparing a reduction per layer.
   void set_record_activation_stats(bool on);
   // Per layer, the std of the attention branch's output (after its projection) in the latest
-  // recording training-mode forward; empty before the first. Reads the device: call at log steps only.
+  // recording training-mode forward; empty before the first. Reads the device: call at log steps
+  // only.
   std::vector<double> attention_output_std() const;
 
  private:
@@ -52,8 +54,8 @@ class TransformerImpl : public torch::nn::Module {
   torch::nn::Embedding pos_emb_{nullptr};  // gpt2 only
   torch::nn::ModuleList layers_{nullptr};
   torch::nn::AnyModule final_norm_;
-  torch::nn::Linear lm_head_{nullptr};     // absent (nullptr) when tie_embeddings
-  torch::Tensor rope_cos_, rope_sin_;      // llama only, (T, D/2) buffers
+  torch::nn::Linear lm_head_{nullptr};  // absent (nullptr) when tie_embeddings
+  torch::Tensor rope_cos_, rope_sin_;   // llama only, (T, D/2) buffers
 };
 TORCH_MODULE(Transformer);
 

@@ -6,7 +6,8 @@ namespace keel::monitor {
 
 DeviceWindow::DeviceWindow(int64_t capacity, torch::Device device)
     : capacity_(std::max<int64_t>(capacity, 1)),
-      ring_(torch::zeros({capacity_}, torch::TensorOptions().dtype(torch::kFloat32).device(device))) {}
+      ring_(torch::zeros({capacity_},
+                         torch::TensorOptions().dtype(torch::kFloat32).device(device))) {}
 
 void DeviceWindow::push(const torch::Tensor& value) {
   ring_.narrow(0, count_ % capacity_, 1).copy_(value.detach().reshape({1}), /*non_blocking=*/true);

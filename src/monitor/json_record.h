@@ -18,8 +18,12 @@ class JsonRecord {
   JsonRecord& add(std::string_view key, int value) { return add(key, static_cast<int64_t>(value)); }
   JsonRecord& add(std::string_view key, bool value);
   JsonRecord& add(std::string_view key, std::string_view value);
-  JsonRecord& add(std::string_view key, const char* value) { return add(key, std::string_view(value)); }
-  JsonRecord& add(std::string_view key, const std::string& value) { return add(key, std::string_view(value)); }
+  JsonRecord& add(std::string_view key, const char* value) {
+    return add(key, std::string_view(value));
+  }
+  JsonRecord& add(std::string_view key, const std::string& value) {
+    return add(key, std::string_view(value));
+  }
   JsonRecord& add(std::string_view key, const nlohmann::json& value);  // nested values
   std::string str() const { return body_ + "}"; }
 

@@ -27,7 +27,8 @@ void Progress::update(const ProgressSample& s) {
   double eta = s.step > 0 ? elapsed / s.step * (s.max_steps - s.step) : 0.0;
   std::string floor = s.loss_floor >= 0 ? fmt::format(" (floor {:.3f})", s.loss_floor) : "";
   std::string line = fmt::format(
-      "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | gnorm {:.3f} | {:.1f} ms | {:.0f} tok/s | ETA {}",
+      "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | gnorm {:.3f} | {:.1f} ms | {:.0f} tok/s | ETA "
+      "{}",
       s.step, s.max_steps, s.loss, floor, s.lr, s.grad_norm, s.step_ms, s.tokens_per_s,
       format_duration(eta));
   if (live_) {

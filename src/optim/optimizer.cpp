@@ -1,8 +1,8 @@
 // AdamW (fused kernel or multi-tensor `_foreach_` ops) and Lion over parameter groups.
-// Hot-path rules: no .item(), no per-parameter host work beyond building tensor lists, state tensors
-// allocated once. A step skipped on `found_inf` is decided on the device: the fused kernel reads the
-// flag itself; the foreach paths compute into copies and commit them with `where`, so a skipped
-// step leaves weights and state bit-identical even when the gradients hold inf/nan.
+// Hot-path rules: no .item(), no per-parameter host work beyond building tensor lists, state
+// tensors allocated once. A step skipped on `found_inf` is decided on the device: the fused kernel
+// reads the flag itself; the foreach paths compute into copies and commit them with `where`, so a
+// skipped step leaves weights and state bit-identical even when the gradients hold inf/nan.
 #include "optim/optimizer.h"
 
 #include <utility>
@@ -62,7 +62,9 @@ void Optimizer::zero_grad() {
 // ---- shared machinery --------------------------------------------------------------------------
 namespace {
 
-Tensor zeros_fp32_like(const Tensor& p) { return torch::zeros_like(p, torch::dtype(torch::kFloat)); }
+Tensor zeros_fp32_like(const Tensor& p) {
+  return torch::zeros_like(p, torch::dtype(torch::kFloat));
+}
 
 // The parameters of one group that received a gradient this step, with their state, as parallel
 // lists for the multi-tensor kernels. Non-fp32 parameters are updated through fp32 copies that
@@ -121,7 +123,8 @@ void load_slot(const std::map<std::string, Tensor>& state, const std::string& ke
   if (it->second.sizes() != dst.sizes()) {
     throw CheckpointError("optimizer state: '" + key + "' has shape " +
                           c10::str(it->second.sizes()) + " but the model needs " +
-                          c10::str(dst.sizes()) + "\nHINT: the model config changed since the "
+                          c10::str(dst.sizes()) +
+                          "\nHINT: the model config changed since the "
                           "checkpoint was written");
   }
   torch::NoGradGuard no_grad;
@@ -147,7 +150,8 @@ bool fused_supported(const std::vector<ParamGroup>& groups) {
 
 double beta(const config::OptimConfig& cfg, size_t i) {
   if (cfg.betas.size() != 2) {
-    throw ConfigError("optim.betas: expected two values [beta1, beta2]\nHINT: e.g. betas: [0.9, 0.95]");
+    throw ConfigError(
+        "optim.betas: expected two values [beta1, beta2]\nHINT: e.g. betas: [0.9, 0.95]");
   }
   return cfg.betas[i];
 }
@@ -272,7 +276,8 @@ class AdamW final : public Optimizer {
     return u;
   }
 
-  void step_foreach_skippable(Work& w, const Tensor& step, double lr, double wd, const Tensor& flag) {
+  void step_foreach_skippable(Work& w, const Tensor& step, double lr, double wd,
+                              const Tensor& flag) {
     const auto u = step_foreach(w, step, lr, wd, /*in_place=*/false);
     const auto skip = flag.ne(0);
     commit(w.params, u.p, skip);
@@ -367,8 +372,9 @@ std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> groups,
   bool fused = false;
   if (cfg.fused == "on") {
     if (!can_fuse) {
-      throw ConfigError("optim.fused=on: the fused AdamW kernel needs fp32 parameters on CPU or "
-                        "CUDA\nHINT: set optim.fused to auto or off");
+      throw ConfigError(
+          "optim.fused=on: the fused AdamW kernel needs fp32 parameters on CPU or "
+          "CUDA\nHINT: set optim.fused to auto or off");
     }
     fused = true;
   } else if (cfg.fused == "auto") {

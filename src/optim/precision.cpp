@@ -22,7 +22,8 @@ AutocastScope::AutocastScope(torch::DeviceType device, Precision precision) : de
   prev_enabled_ = at::autocast::is_autocast_enabled(device_);
   prev_dtype_ = at::autocast::get_autocast_dtype(device_);
   at::autocast::set_autocast_enabled(device_, true);
-  at::autocast::set_autocast_dtype(device_, precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_dtype(device_,
+                                   precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
   at::autocast::increment_nesting();
 }
 

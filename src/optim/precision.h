@@ -37,7 +37,7 @@ class DynamicLossScaler {
  public:
   DynamicLossScaler(torch::Device device, double init_scale = 65536.0, double growth_factor = 2.0,
                     double backoff_factor = 0.5, int64_t growth_interval = 2000);
-  const torch::Tensor& scale() const { return scale_; }  // (1) fp32
+  const torch::Tensor& scale() const { return scale_; }              // (1) fp32
   torch::Tensor unscale_(const std::vector<torch::Tensor>& params);  // returns found_inf (1) fp32
   void update(const torch::Tensor& found_inf);
   std::map<std::string, torch::Tensor> state_dict() const;

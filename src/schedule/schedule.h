@@ -1,8 +1,9 @@
 // Learning-rate schedules as pure functions of the optimizer step (never of wall time).
-//   cosine:      linear warmup 0 -> peak over warmup_steps, then cosine to min_lr_ratio * peak at max_steps
-//   three_phase: warmup (linear) / stable (peak) / decay (exponential to min_lr_ratio * peak);
-//                phase lengths are fractions of max_steps (phases.*), warmup_steps > 0 overrides the
-//                warmup length
+//   cosine:      linear warmup 0 -> peak over warmup_steps, then cosine to min_lr_ratio * peak at
+//   max_steps three_phase: warmup (linear) / stable (peak) / decay (exponential to min_lr_ratio *
+//   peak);
+//                phase lengths are fractions of max_steps (phases.*), warmup_steps > 0 overrides
+//                the warmup length
 //   constant:    linear warmup, then peak
 #pragma once
 

@@ -1,7 +1,7 @@
 #include "train/faults.h"
 
-#include <csignal>
 #include <unistd.h>
+#include <csignal>
 
 #include "common/log.h"
 
@@ -23,7 +23,8 @@ bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
       tokens.fill_(torch::randint(vocab_, {1}, gen_, torch::kInt64).item<int64_t>());
     } else if (f.mode == "shuffled") {
       for (int64_t b = 0; b < tokens.size(0); ++b)
-        tokens[b].copy_(tokens[b].index_select(0, torch::randperm(tokens.size(1), gen_, torch::kInt64)));
+        tokens[b].copy_(
+            tokens[b].index_select(0, torch::randperm(tokens.size(1), gen_, torch::kInt64)));
     } else {  // random_tokens (the default mode)
       tokens.copy_(torch::randint(vocab_, tokens.sizes(), gen_, torch::kInt64));
     }

@@ -5,7 +5,8 @@
 //                  that data (rollback.skip_data) really avoids it.
 //   nan_grad, lr_spike, crash
 //                  numerical or process events keyed to the iteration counter (optimizer-step
-//                  attempts, which keeps counting through rollbacks), so a rollback does not replay them.
+//                  attempts, which keeps counting through rollbacks), so a rollback does not replay
+//                  them.
 //   loader_stall, drop_samples live in the data loader.
 #pragma once
 
@@ -21,8 +22,8 @@ namespace keel::train {
 
 class FaultInjector {
  public:
-  FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps,
-                int64_t vocab_size, uint64_t seed);
+  FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps, int64_t vocab_size,
+                uint64_t seed);
   bool empty() const { return faults_.empty(); }
 
   // Corrupts `batch` in place when micro-batch `position` of this rank's data order is in a

@@ -14,7 +14,8 @@ class LayerGroups {
  public:
   // `named` in the optimizer's parameter order; parameters under "layers.<i>." form group
   // "layers.<i>", embeddings "embedding", everything else "head".
-  LayerGroups(const std::vector<std::pair<std::string, torch::Tensor>>& named, torch::Device device);
+  LayerGroups(const std::vector<std::pair<std::string, torch::Tensor>>& named,
+              torch::Device device);
   const std::vector<std::string>& names() const { return names_; }
   // (P) per-parameter L2 norms -> (G) per-group L2 norms, on the device.
   torch::Tensor reduce(const torch::Tensor& per_param_norms) const;

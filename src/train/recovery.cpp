@@ -39,7 +39,8 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
   std::ofstream(dir / "signals.json") << signals.dump(2) << "\n";
   checkpoint::TensorMap weights;
   for (const auto& [name, p] : named_params) weights[name] = p.detach();
-  checkpoint::write_safetensors(dir / "model.safetensors", weights, {{"step", std::to_string(step)}});
+  checkpoint::write_safetensors(dir / "model.safetensors", weights,
+                                {{"step", std::to_string(step)}});
   log::warn("guard", "forensics of step {} in {} (top sample {} with loss {:.3f})", step,
             dir.string(), samples.empty() ? -1 : samples[0]["sample_id"].get<int64_t>(),
             samples.empty() ? 0.0 : samples[0]["loss"].get<double>());
@@ -47,7 +48,8 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
 
 void Trainer::State::pause_and_rollback(const guard::Decision& decision,
                                         const nlohmann::json& signals) {
-  nlohmann::json detail = decision.events.empty() ? nlohmann::json::object() : decision.events.back().detail;
+  nlohmann::json detail =
+      decision.events.empty() ? nlohmann::json::object() : decision.events.back().detail;
   event("pause", detail);
   write_forensics(signals);
   if (!cfg.stability.rollback.enabled) {
@@ -55,7 +57,9 @@ void Trainer::State::pause_and_rollback(const guard::Decision& decision,
     return;
   }
   auto target = checkpointer->resolve("stable");
-  if (!target) throw RunStopped("pause at step " + std::to_string(step) + " but no stable snapshot exists to roll back to");
+  if (!target)
+    throw RunStopped("pause at step " + std::to_string(step) +
+                     " but no stable snapshot exists to roll back to");
 
   const int64_t from_step = step;
   auto data = checkpointer->load(*target);
@@ -76,19 +80,26 @@ void Trainer::State::pause_and_rollback(const guard::Decision& decision,
     int64_t micro = micro_taken - stable_micro;
     quarantined_micro += micro;
     const int64_t b = cfg.data.micro_batch_size;
-    quarantine = {{"micro_batches", micro}, {"samples", micro * b * comm.world_size()},
-                  {"first_position", stable_micro}, {"end_position", micro_taken},
+    quarantine = {{"micro_batches", micro},
+                  {"samples", micro * b * comm.world_size()},
+                  {"first_position", stable_micro},
+                  {"end_position", micro_taken},
                   {"skipped_ahead", ahead}};
   }
-  nlohmann::json incident = {{"pause_step", from_step}, {"iteration", iteration},
-                             {"reason", detail.value("reason", "")}, {"to_step", step}};
-  event("rollback", {{"from_step", from_step}, {"to_step", step}, {"checkpoint", target->string()},
+  nlohmann::json incident = {{"pause_step", from_step},
+                             {"iteration", iteration},
+                             {"reason", detail.value("reason", "")},
+                             {"to_step", step}};
+  event("rollback", {{"from_step", from_step},
+                     {"to_step", step},
+                     {"checkpoint", target->string()},
                      {"quarantine", quarantine}});
   guard->on_rollback(step, incident);  // throws RunStopped past max_rollbacks
   event("recovery_start", {{"steps", cfg.stability.recovery.steps},
                            {"lr_factor", cfg.stability.recovery.lr_factor},
                            {"until_step", step + cfg.stability.recovery.steps}});
-  log::warn("guard", "rolled back from step {} to stable step {}; recovering at {} x lr for {} steps",
+  log::warn("guard",
+            "rolled back from step {} to stable step {}; recovering at {} x lr for {} steps",
             from_step, step, cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
 }
 

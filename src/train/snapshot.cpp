@@ -15,22 +15,26 @@ namespace {
 struct Flatten {
   std::map<std::string, std::string> out;
   std::string prefix;
-  template <class T> void field(const char* key, T& value) {
+  template <class T>
+  void field(const char* key, T& value) {
     std::ostringstream s;
-    if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
+    if constexpr (std::is_same_v<T, std::vector<double>> ||
+                  std::is_same_v<T, std::vector<std::string>>) {
       for (auto& v : value) s << v << ",";
     } else {
       s << value;
     }
     out[prefix + key] = s.str();
   }
-  template <class S> void section(const char* key, S& sub) {
+  template <class S>
+  void section(const char* key, S& sub) {
     std::string saved = prefix;
     prefix += std::string(key) + ".";
     config::visit(*this, sub);
     prefix = saved;
   }
-  template <class S> void list(const char*, std::vector<S>&) {}
+  template <class S>
+  void list(const char*, std::vector<S>&) {}
 };
 
 std::map<std::string, std::string> flatten(config::Config c) {
@@ -42,13 +46,15 @@ std::map<std::string, std::string> flatten(config::Config c) {
 // Keys a resumed run cannot change: the model's shape and the identity of its data stream.
 bool must_match(const std::string& key) {
   static const std::vector<std::string> kExact = {
-      "data.source", "data.path", "data.micro_batch_size", "data.synthetic_branching",
+      "data.source",         "data.path", "data.micro_batch_size", "data.synthetic_branching",
       "data.synthetic_zipf", "run.seed"};
   return key.rfind("model.", 0) == 0 ||
          std::find(kExact.begin(), kExact.end(), key) != kExact.end();
 }
 
-torch::Tensor rng_state_cpu() { return at::globalContext().defaultGenerator(torch::kCPU).get_state(); }
+torch::Tensor rng_state_cpu() {
+  return at::globalContext().defaultGenerator(torch::kCPU).get_state();
+}
 
 void set_rng_state(torch::Device device, const torch::Tensor& state) {
   at::Generator gen = at::globalContext().defaultGenerator(device);  // shares the generator impl
@@ -67,16 +73,17 @@ checkpoint::CheckpointData Trainer::State::capture() const {
     data.extra_tensors["rng.cuda"] = at::globalContext().defaultGenerator(device).get_state();
   if (scaler)
     for (auto& [k, v] : scaler->state_dict()) data.extra_tensors["scaler." + k] = v;
-  data.trainer_state = {{"step", step},
-                        {"iteration", iteration},
-                        {"micro_taken", micro_taken},
-                        {"quarantined_micro", quarantined_micro},
-                        {"data", train_data->state()},
-                        {"last_eval_step", last_eval_step},
-                        {"samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size()},
-                        {"tokens_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size() *
-                                            cfg.model.seq_len},
-                        {"schedule", {{"kind", cfg.schedule.kind}, {"step", step}}}};
+  data.trainer_state = {
+      {"step", step},
+      {"iteration", iteration},
+      {"micro_taken", micro_taken},
+      {"quarantined_micro", quarantined_micro},
+      {"data", train_data->state()},
+      {"last_eval_step", last_eval_step},
+      {"samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size()},
+      {"tokens_seen",
+       micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len},
+      {"schedule", {{"kind", cfg.schedule.kind}, {"step", step}}}};
   if (guard) data.trainer_state["guard"] = guard->state();
   data.config_yaml = resolved_yaml;
   return data;
@@ -103,7 +110,8 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
   }
   if (auto it = data.extra_tensors.find("rng.cpu"); it != data.extra_tensors.end())
     set_rng_state(torch::kCPU, it->second);
-  if (auto it = data.extra_tensors.find("rng.cuda"); it != data.extra_tensors.end() && device.is_cuda())
+  if (auto it = data.extra_tensors.find("rng.cuda");
+      it != data.extra_tensors.end() && device.is_cuda())
     set_rng_state(device, it->second);
 
   const auto& ts = data.trainer_state;
@@ -122,7 +130,8 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
 void Trainer::State::save_checkpoint(bool stable) {
   auto path = checkpointer->save(step, capture(), stable);
   last_checkpoint_step = step;
-  nlohmann::json detail = {{"path", path.string()}, {"stall_s", checkpointer->last_stall_seconds()},
+  nlohmann::json detail = {{"path", path.string()},
+                           {"stall_s", checkpointer->last_stall_seconds()},
                            {"async", cfg.checkpoint.async}};
   event("checkpoint", detail);
   if (stable) event("stable_snapshot", detail);
@@ -131,7 +140,8 @@ void Trainer::State::save_checkpoint(bool stable) {
 void Trainer::State::maybe_checkpoint() {
   if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway
   const int64_t every = cfg.checkpoint.every_steps;
-  const int64_t stable_every = cfg.checkpoint.stable.every_steps > 0 ? cfg.checkpoint.stable.every_steps : every;
+  const int64_t stable_every =
+      cfg.checkpoint.stable.every_steps > 0 ? cfg.checkpoint.stable.every_steps : every;
   const bool due = every > 0 && step % every == 0;
   const bool stable_due = guard && stable_every > 0 && step % stable_every == 0;
   if (!due && !stable_due) return;

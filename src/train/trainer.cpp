@@ -7,12 +7,12 @@
 #include "common/error.h"
 #include "common/host_allocator.h"
 #include "common/log.h"
+#include "config/validate.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
 #include "model/fused_ops.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
-#include "config/validate.h"
 #include "train/learning_rate.h"
 #include "train/trainer_state.h"
 
@@ -37,7 +37,8 @@ torch::Device select_device(const std::string& requested) {
   bool has_cuda = torch::cuda::is_available();
   if (requested == "cuda") {
     if (!has_cuda)
-      throw ConfigError("run.device: cuda requested but no CUDA device is visible; use auto or cpu");
+      throw ConfigError(
+          "run.device: cuda requested but no CUDA device is visible; use auto or cpu");
     return torch::kCUDA;
   }
   return has_cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
@@ -88,7 +89,8 @@ void Trainer::State::setup() {
     restore_default_host_allocator();
   }
   // Without oneDNN in this LibTorch, model::linear stays on ATen whatever the choice.
-  model::set_cpu_matmul(cfg.run.cpu_matmul == "onednn" ? model::CpuMatmul::kOneDnn : model::CpuMatmul::kAten);
+  model::set_cpu_matmul(cfg.run.cpu_matmul == "onednn" ? model::CpuMatmul::kOneDnn
+                                                       : model::CpuMatmul::kAten);
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 
@@ -120,8 +122,7 @@ void Trainer::State::setup() {
   const std::string ckpt_dir = config::checkpoint_dir(cfg, run_dir).string();
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
       ckpt_dir, cfg.checkpoint, rank, world, KEEL_VERSION,
-      std::to_string(std::hash<std::string>{}(resolved_yaml)),
-      [this] { comm.barrier(); });
+      std::to_string(std::hash<std::string>{}(resolved_yaml)), [this] { comm.barrier(); });
 
   log::info("train", "run directory {}", run_dir);
   log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}", cfg.model.arch,
@@ -132,13 +133,16 @@ void Trainer::State::setup() {
             schedule::warmup_steps(cfg.schedule, cfg.run.max_steps), samples_per_step,
             tokens_per_step);
   if (loss_floor)
-    log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor", *loss_floor);
+    log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
+              *loss_floor);
   if (!cfg.faults.empty())
     log::warn("faults", "{} fault(s) will be injected (a rehearsal, not a production run)",
               cfg.faults.size());
 
-  event("run_start", {{"world_size", world}, {"device", device.str()},
-                      {"parameters", model->num_parameters()}, {"resume", options.resume}});
+  event("run_start", {{"world_size", world},
+                      {"device", device.str()},
+                      {"parameters", model->num_parameters()},
+                      {"resume", options.resume}});
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
 }
@@ -164,8 +168,10 @@ void Trainer::State::check_consumed() {
   double served = host[0].item<double>(), expected = host[1].item<double>();
   double deviation = expected > 0 ? std::abs(served - expected) / expected : 0.0;
   if (deviation > cfg.data.consumed_tolerance) {
-    nlohmann::json detail = {{"reason", "consumed_mismatch"}, {"samples_served", served},
-                             {"samples_expected", expected}, {"deviation", deviation}};
+    nlohmann::json detail = {{"reason", "consumed_mismatch"},
+                             {"samples_served", served},
+                             {"samples_expected", expected},
+                             {"deviation", deviation}};
     event("abort", detail);
     throw RunStopped(fmt::format(
         "data-count mismatch at step {}: the loader took {} samples from the data order but the "
@@ -221,7 +227,10 @@ void Trainer::State::train_step() {
                             .add("ids", nlohmann::json(sample_ids)));
   if (faults->nan_grad(iteration)) {
     for (auto& p : params)
-      if (p.grad().defined()) { p.grad().fill_(std::numeric_limits<float>::quiet_NaN()); break; }
+      if (p.grad().defined()) {
+        p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+        break;
+      }
   }
 
   std::optional<torch::Tensor> found_inf;
@@ -242,7 +251,8 @@ void Trainer::State::train_step() {
     // One small host read per step: the guard decides before the update touches the weights.
     const auto guard_start = Clock::now();
     auto layer_norms = layers->reduce(param_norms);
-    auto packed = torch::cat({loss.reshape({1}), grad_norm.reshape({1}), layer_norms}).to(torch::kCPU);
+    auto packed =
+        torch::cat({loss.reshape({1}), grad_norm.reshape({1}), layer_norms}).to(torch::kCPU);
     auto* v = packed.data_ptr<float>();
     guard::StepSignals s;
     s.step = step;
@@ -252,9 +262,11 @@ void Trainer::State::train_step() {
     s.clipped = s.grad_norm > cfg.optim.grad_clip;
     if (scaler) s.loss_scale = scaler->scale().item<double>();
     guard::Decision d = guard->observe(s);
-    nlohmann::json signals = {{"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
-                              {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
-                              {"lr", lr}, {"layer_grad_norms", s.layer_grad_norms}};
+    nlohmann::json signals = {
+        {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
+        {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
+        {"lr", lr},
+        {"layer_grad_norms", s.layer_grad_norms}};
     for (auto& e : d.events)
       if (e.kind != "pause") event(e.kind, e.detail);
     guard_s += seconds_since(guard_start);
@@ -283,8 +295,8 @@ void Trainer::State::apply_update(const torch::Tensor& grad_norm,
   if (guard && cfg.optim.clip_mode == "adaptive" && guard->baseline_ready()) {
     // Adaptive clipping: a z-score bound on the running grad-norm statistics, never above the
     // fixed global bound.
-    max_norm = std::min(max_norm, guard->grad_norm_mean() +
-                                      cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
+    max_norm = std::min(
+        max_norm, guard->grad_norm_mean() + cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
   }
   optim::clip_grad_norm_(params, max_norm, grad_norm);
   // A non-finite gradient never reaches the weights: the update is skipped on the device.
@@ -310,7 +322,8 @@ void Trainer::State::apply_update(const torch::Tensor& grad_norm,
     auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
     double total_ratio = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).item<double>();
     auto ratios_cpu = layer_ratio.to(torch::kCPU).to(torch::kFloat64);
-    std::vector<double> ratios(ratios_cpu.data_ptr<double>(), ratios_cpu.data_ptr<double>() + ratios_cpu.numel());
+    std::vector<double> ratios(ratios_cpu.data_ptr<double>(),
+                               ratios_cpu.data_ptr<double>() + ratios_cpu.numel());
     log_step(loss, grad_norm, lr, ratios, total_ratio);
   }
 }
@@ -347,11 +360,13 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
       .add("guard_ms", guard_s * 1e3 / std::max<int64_t>(steps_since_log, 1))
       .add("queue_depth", loader.queue_depth);
   if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
-  rec.add("tokens_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len)
+  rec.add("tokens_seen",
+          micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len)
       .add("samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size());
   if (guard) {
     nlohmann::json per_layer = nlohmann::json::object();
-    for (size_t i = 0; i < update_ratios.size(); ++i) per_layer[layers->names()[i]] = update_ratios[i];
+    for (size_t i = 0; i < update_ratios.size(); ++i)
+      per_layer[layers->names()[i]] = update_ratios[i];
     rec.add("update_ratio_layers", per_layer);
     if (guard->in_recovery(step)) rec.add("recovery", true);
   }
@@ -451,7 +466,9 @@ void Trainer::run() {
   double elapsed = seconds_since(start);
   log::info("train", "done: {} steps in {}, final loss {:.4f}, val_loss {:.4f}", s.step,
             monitor::format_duration(elapsed), s.last_loss, s.last_val_loss);
-  s.event("run_end", {{"seconds", elapsed}, {"loss", s.last_loss}, {"val_loss", s.last_val_loss},
+  s.event("run_end", {{"seconds", elapsed},
+                      {"loss", s.last_loss},
+                      {"val_loss", s.last_val_loss},
                       {"rollbacks", s.guard ? s.guard->rollbacks() : 0}});
 }
 

@@ -32,7 +32,11 @@ using Clock = std::chrono::steady_clock;
 // Per-sample losses of the current optimizer step, for the top-k forensics of a pause.
 struct StepSamples {
   std::vector<torch::Tensor> ids, losses, tokens;  // one entry per micro-batch
-  void clear() { ids.clear(); losses.clear(); tokens.clear(); }
+  void clear() {
+    ids.clear();
+    losses.clear();
+    tokens.clear();
+  }
 };
 
 struct Trainer::State {

@@ -71,8 +71,9 @@ TEST(ValidateIntegration, FrequentSynchronousCheckpointsWarnWithTheKeyLocation) 
   EXPECT_NE(v.output.find("or set checkpoint.async: true"), std::string::npos) << v.output;
 
   // Async saves stall only for the host copy: a smaller share, and the text names the mode.
-  auto a = run_keel("validate --set run.out_dir=" + dir.str() +
-                    " --set checkpoint.every_steps=1 --set checkpoint.async=true --step-time 0.0001");
+  auto a =
+      run_keel("validate --set run.out_dir=" + dir.str() +
+               " --set checkpoint.every_steps=1 --set checkpoint.async=true --step-time 0.0001");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_NE(a.output.find("async: the copy to host memory"), std::string::npos) << a.output;
 
@@ -94,8 +95,7 @@ TEST(InspectIntegration, ReportsStepAndVerificationAndNamesACorruptFile) {
   EXPECT_NE(latest.output.find("step_00000004"), std::string::npos) << latest.output;
   EXPECT_NE(latest.output.find("step:        4\n"), std::string::npos) << latest.output;
   EXPECT_NE(latest.output.find("verify:      OK"), std::string::npos) << latest.output;
-  EXPECT_NE(latest.output.find("config:      arch=llama d_model=128 n_layers=2"),
-            std::string::npos)
+  EXPECT_NE(latest.output.find("config:      arch=llama d_model=128 n_layers=2"), std::string::npos)
       << latest.output;
   EXPECT_NE(latest.output.find("model.safetensors"), std::string::npos) << latest.output;
 

@@ -14,17 +14,19 @@ namespace {
 
 TEST(KillIntegration, TwentyKillsNeverLoseACheckpoint) {
   TempDir d("kill9");
-  const std::string args = "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
-                           " --resume latest --set run.max_steps=100000 --set logging.progress=off"
-                           " --set logging.every_steps=1 --set eval.every_steps=0 --set eval.batches=1"
-                           " --set schedule.warmup_steps=2 --set checkpoint.every_steps=1"
-                           " --set checkpoint.keep_last=2 --set stability.enabled=false"
-                           " --set model.d_model=64 --set model.seq_len=32";
+  const std::string args =
+      "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
+      " --resume latest --set run.max_steps=100000 --set logging.progress=off"
+      " --set logging.every_steps=1 --set eval.every_steps=0 --set eval.batches=1"
+      " --set schedule.warmup_steps=2 --set checkpoint.every_steps=1"
+      " --set checkpoint.keep_last=2 --set stability.enabled=false"
+      " --set model.d_model=64 --set model.seq_len=32";
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> delay_ms(300, 1500);
   int64_t previous_step = 0;
   for (int cycle = 0; cycle < 20; ++cycle) {
-    std::string cmd = std::string(KEEL_BINARY) + " " + args + " >> " + d.str() + "/log 2>&1 & echo $!";
+    std::string cmd =
+        std::string(KEEL_BINARY) + " " + args + " >> " + d.str() + "/log 2>&1 & echo $!";
     std::FILE* p = popen(cmd.c_str(), "r");
     int pid = 0;
     ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);
@@ -42,7 +44,8 @@ TEST(KillIntegration, TwentyKillsNeverLoseACheckpoint) {
     EXPECT_GE(ckpt_step, previous_step) << "cycle " << cycle << " went backwards";
     // At most one interval (one step) of the progress the run logged is lost.
     auto metrics = read_jsonl(d.path() / "metrics.jsonl");
-    if (!metrics.empty()) EXPECT_GE(ckpt_step + 1, metrics.back()["step"].get<int64_t>()) << "cycle " << cycle;
+    if (!metrics.empty())
+      EXPECT_GE(ckpt_step + 1, metrics.back()["step"].get<int64_t>()) << "cycle " << cycle;
     previous_step = ckpt_step;
   }
   EXPECT_GT(previous_step, 0);

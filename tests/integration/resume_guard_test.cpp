@@ -19,11 +19,13 @@ const std::string kShort =
 
 std::map<int64_t, double> losses_by_step(const std::filesystem::path& run_dir) {
   std::map<int64_t, double> out;
-  for (auto& m : read_jsonl(run_dir / "metrics.jsonl")) out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  for (auto& m : read_jsonl(run_dir / "metrics.jsonl"))
+    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
   return out;
 }
 
-std::vector<std::string> event_kinds(const std::filesystem::path& run_dir, bool skip_checkpoints = true) {
+std::vector<std::string> event_kinds(const std::filesystem::path& run_dir,
+                                     bool skip_checkpoints = true) {
   std::vector<std::string> kinds;
   for (auto& e : read_jsonl(run_dir / "events.jsonl")) {
     auto k = e["kind"].get<std::string>();
@@ -47,8 +49,8 @@ TEST(ResumeIntegration, KilledAndResumedRunIsBitExact) {
   ASSERT_EQ(ra.exit_code, 0) << ra.output;
   // The crash fault kills the process (SIGKILL) at the start of iteration 8: the newest
   // checkpoint is step 6.
-  auto rb = run_keel(base + " --run-dir " + b.str() +
-                     " --set 'faults=[{kind: crash, at_step: 8}]'");
+  auto rb =
+      run_keel(base + " --run-dir " + b.str() + " --set 'faults=[{kind: crash, at_step: 8}]'");
   ASSERT_EQ(rb.exit_code, 128 + 9) << rb.output;
   auto rc = run_keel(base + " --run-dir " + b.str() + " --resume latest");
   ASSERT_EQ(rc.exit_code, 0) << rc.output;
@@ -77,7 +79,8 @@ TEST(ResumeIntegration, ResumeLatestWithoutCheckpointStartsFresh) {
 
 TEST(ResumeIntegration, ChangedModelShapeIsRefused) {
   TempDir d("resume_shape");
-  const std::string base = "train " + source_path("configs/tiny.yaml") + kShort + " --run-dir " + d.str();
+  const std::string base =
+      "train " + source_path("configs/tiny.yaml") + kShort + " --run-dir " + d.str();
   ASSERT_EQ(run_keel(base + " --set run.max_steps=3").exit_code, 0);
   auto r = run_keel(base + " --set run.max_steps=5 --set model.n_layers=3 --resume latest");
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -111,7 +114,8 @@ TEST(GuardIntegration, NanGradientIsSkipped) {
   TempDir d("guard_nan");
   auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
                     " --set run.max_steps=20 --set 'faults=[{kind: nan_grad, at_step: 12}]'"
-                    " --run-dir " + d.str());
+                    " --run-dir " +
+                    d.str());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(event_kinds(d.path()), std::vector<std::string>{"skip_nan"});
   auto events = read_jsonl(d.path() / "events.jsonl");
@@ -135,12 +139,14 @@ std::string corrupt_batch_run(const TempDir& dir, int corrupt_steps, const std::
 // snapshot, recovery at a quarter of the lr, and the run still finishes.
 TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
   TempDir d("guard_corrupt");
-  auto r = run_keel(corrupt_batch_run(
-      d, 1, "--set checkpoint.stable.window=5 --set stability.recovery.steps=5"));
+  auto r = run_keel(
+      corrupt_batch_run(d, 1, "--set checkpoint.stable.window=5 --set stability.recovery.steps=5"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto kinds = event_kinds(d.path());
   EXPECT_EQ(kinds.back(), "recovery_end");
-  auto pos = [&](const std::string& k) { return std::find(kinds.begin(), kinds.end(), k) - kinds.begin(); };
+  auto pos = [&](const std::string& k) {
+    return std::find(kinds.begin(), kinds.end(), k) - kinds.begin();
+  };
   EXPECT_LT(pos("pause"), pos("rollback"));
   EXPECT_LT(pos("rollback"), pos("recovery_start"));
   EXPECT_LT(pos("recovery_start"), pos("recovery_end"));

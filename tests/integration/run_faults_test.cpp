@@ -16,18 +16,21 @@ const char* kFortunes = "/usr/share/games/fortunes/fortunes";
 class ShardRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+    if (!std::filesystem::exists(kFortunes))
+      GTEST_SKIP() << "the fortunes package is not installed";
     auto r = run_keel(std::string("prepare --input ") + kFortunes + " --output " + data() +
                       " --separator % --seq-len 32 --val-fraction 0.05");
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   std::string data() const { return (dir_.path() / "data").string(); }
   std::string train(const std::string& data_dir, const std::string& extra) const {
-    return "train " + source_path("configs/tiny.yaml") + " --run-dir " + (dir_.path() / "run").string() +
+    return "train " + source_path("configs/tiny.yaml") + " --run-dir " +
+           (dir_.path() / "run").string() +
            " --set data.source=shards --set data.path=" + data_dir +
            " --set model.vocab_size=264 --set model.seq_len=32 --set model.d_model=64"
            " --set logging.progress=off --set logging.every_steps=1 --set eval.batches=1"
-           " --set schedule.warmup_steps=2 " + extra;
+           " --set schedule.warmup_steps=2 " +
+           extra;
   }
   TempDir dir_{"shard_run"};
 };
@@ -41,8 +44,9 @@ TEST_F(ShardRunTest, TrainsOnPreparedShards) {
 }
 
 TEST_F(ShardRunTest, DroppedSamplesStopTheRunWithBothCounts) {
-  auto r = run_keel(train(data(), "--set run.max_steps=20 "
-                                  "--set 'faults=[{kind: drop_samples, at_step: 2, factor: 0.1}]'"));
+  auto r = run_keel(train(data(),
+                          "--set run.max_steps=20 "
+                          "--set 'faults=[{kind: drop_samples, at_step: 2, factor: 0.1}]'"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("data-count mismatch"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the trainer consumed"), std::string::npos) << r.output;
@@ -57,8 +61,9 @@ TEST_F(ShardRunTest, LoaderStallMakesTheRunWaitWithoutReusingSamples) {
   std::error_code ec;
   checkpoint::remove_tree(dir_.path() / "run", ec);
 
-  auto r = run_keel(train(data(), "--set run.max_steps=12 --set logging.sample_ids=true "
-                                  "--set 'faults=[{kind: loader_stall, at_step: 4, seconds: 1.5}]'"));
+  auto r = run_keel(train(data(),
+                          "--set run.max_steps=12 --set logging.sample_ids=true "
+                          "--set 'faults=[{kind: loader_stall, at_step: 4, seconds: 1.5}]'"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   double waited_ms = 0;
   for (const auto& e : read_jsonl(dir_.path() / "run/events.jsonl"))
@@ -98,9 +103,10 @@ TEST_F(ShardRunTest, CorruptShardExitsTwoNamingTheFile) {
 // A scheduler's SIGTERM: the step finishes, a checkpoint is written, exit 143; resume completes.
 TEST(PreemptionIntegration, SigtermCheckpointsAndResumes) {
   TempDir d("sigterm");
-  const std::string args = "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
-                           " --set run.max_steps=100000 --set logging.progress=off"
-                           " --set eval.every_steps=0 --set eval.batches=1 --set schedule.warmup_steps=2";
+  const std::string args =
+      "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
+      " --set run.max_steps=100000 --set logging.progress=off"
+      " --set eval.every_steps=0 --set eval.batches=1 --set schedule.warmup_steps=2";
   std::string cmd = std::string(KEEL_BINARY) + " " + args + " > " + d.str() + "/log 2>&1 & echo $!";
   std::FILE* p = popen(cmd.c_str(), "r");
   int pid = 0;
@@ -119,7 +125,8 @@ TEST(PreemptionIntegration, SigtermCheckpointsAndResumes) {
   EXPECT_EQ(events.back()["kind"], "interrupted");
   int64_t stopped_at = events.back()["step"].get<int64_t>();
   EXPECT_GT(stopped_at, 0);
-  auto r = run_keel(args + " --resume latest --set run.max_steps=" + std::to_string(stopped_at + 3));
+  auto r =
+      run_keel(args + " --resume latest --set run.max_steps=" + std::to_string(stopped_at + 3));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
   EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"].get<int64_t>(), stopped_at + 3);

@@ -45,10 +45,11 @@ TEST(TrainIntegration, TinyRunLearnsAndWritesRunFiles) {
 
 TEST(TrainIntegration, GradientAccumulationKeepsSampleAccounting) {
   TempDir dir("accum");
-  auto r = run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
-                    " --set run.max_steps=4 --set data.micro_batch_size=4"
-                    " --set data.grad_accum_steps=3 --set eval.batches=1 --set logging.every_steps=1"
-                    " --set schedule.warmup_steps=1 --set logging.progress=off");
+  auto r =
+      run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
+               " --set run.max_steps=4 --set data.micro_batch_size=4"
+               " --set data.grad_accum_steps=3 --set eval.batches=1 --set logging.every_steps=1"
+               " --set schedule.warmup_steps=1 --set logging.progress=off");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto metrics = read_jsonl(dir.path() / "metrics.jsonl");
   ASSERT_EQ(metrics.size(), 4u);
@@ -65,7 +66,8 @@ TEST(TrainIntegration, HostAllocatorDoesNotChangeTheRun) {
     auto r = run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
                       " --set run.max_steps=6 --set eval.batches=1 --set logging.every_steps=1"
                       " --set schedule.warmup_steps=1 --set logging.progress=off"
-                      " --set run.host_allocator=" + allocator);
+                      " --set run.host_allocator=" +
+                      allocator);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     runs.push_back(read_jsonl(dir.path() / "metrics.jsonl"));
   }
@@ -73,7 +75,8 @@ TEST(TrainIntegration, HostAllocatorDoesNotChangeTheRun) {
   ASSERT_EQ(runs[1].size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
     for (auto key : {"loss", "grad_norm", "update_ratio"})
-      EXPECT_EQ(runs[0][i][key].get<double>(), runs[1][i][key].get<double>()) << key << " at record " << i;
+      EXPECT_EQ(runs[0][i][key].get<double>(), runs[1][i][key].get<double>())
+          << key << " at record " << i;
   }
 }
 
@@ -94,11 +97,11 @@ TEST(ValidateIntegration, ThreePlantedErrorsGiveThreeLocatedErrors) {
              "  max_steps: 100\n"
              "optim:\n"
              "  lr: 3.0e-4\n"
-             "  grad_clip: 0\n"          // line 5: clip must be > 0
+             "  grad_clip: 0\n"  // line 5: clip must be > 0
              "schedule:\n"
-             "  warmup_steps: 10.5\n"    // line 7: integer required
+             "  warmup_steps: 10.5\n"  // line 7: integer required
              "model:\n"
-             "  d_modle: 128\n");        // line 9: unknown key
+             "  d_modle: 128\n");  // line 9: unknown key
   auto r = run_keel("validate " + path.string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   std::regex located(path.string() + R"(:(\d+):(\d+): error: )");

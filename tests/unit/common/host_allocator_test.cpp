@@ -41,7 +41,10 @@ TEST(HostAllocator, AFreedLargeBlockServesTheNextRequestOfItsClass) {
   EXPECT_EQ(after.misses - before.misses, 1);
 
   // Small requests stay with malloc and never enter the cache.
-  { auto small = torch::ones({1000}, torch::kFloat); EXPECT_EQ(small.sum().item<float>(), 1000.0f); }
+  {
+    auto small = torch::ones({1000}, torch::kFloat);
+    EXPECT_EQ(small.sum().item<float>(), 1000.0f);
+  }
   EXPECT_EQ(host_allocator_stats().misses, after.misses);
 }
 
@@ -52,7 +55,8 @@ TEST(HostAllocator, KeepsNoMoreThanItsLimit) {
     auto a = torch::empty({kMiB}, torch::kFloat);  // 4 MiB each
     auto b = torch::empty({kMiB}, torch::kFloat);
   }
-  EXPECT_EQ(host_allocator_stats().cached_bytes, 4 * kMiB) << "the second block went back to the system";
+  EXPECT_EQ(host_allocator_stats().cached_bytes, 4 * kMiB)
+      << "the second block went back to the system";
   empty_host_cache();
   EXPECT_EQ(host_allocator_stats().cached_bytes, 0);
 }
@@ -65,7 +69,8 @@ TEST(HostAllocator, TensorsOutliveAChangeOfAllocator) {
   const auto misses = host_allocator_stats().misses;
   auto after_restore = torch::full({2 * kMiB}, 0.5f);
   EXPECT_EQ(host_allocator_stats().misses, misses) << "the default allocator serves again";
-  EXPECT_DOUBLE_EQ((from_default + from_cache + after_restore).sum().item<double>(), 4.5 * 2 * kMiB);
+  EXPECT_DOUBLE_EQ((from_default + from_cache + after_restore).sum().item<double>(),
+                   4.5 * 2 * kMiB);
   from_cache.reset();  // freed by the caching allocator's deleter, now with a zero limit
   EXPECT_EQ(host_allocator_stats().cached_bytes, 0);
 }

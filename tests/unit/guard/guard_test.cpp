@@ -39,7 +39,8 @@ config::StabilityConfig test_config() {
   return c;
 }
 
-StepSignals signals(int64_t step, double norm, double loss = 2.0, std::vector<double> layers = {1, 1, 1, 1}) {
+StepSignals signals(int64_t step, double norm, double loss = 2.0,
+                    std::vector<double> layers = {1, 1, 1, 1}) {
   StepSignals s;
   s.step = step;
   s.grad_norm = norm;
@@ -67,7 +68,11 @@ TEST(Guard, NoAlarmBeforeABaselineExists) {
 }
 
 TEST(Guard, ThresholdsAreStrictMultiplesOfTheMedian) {
-  struct Case { double norm; Action action; std::vector<std::string> events; };
+  struct Case {
+    double norm;
+    Action action;
+    std::vector<std::string> events;
+  };
   for (const auto& c : std::vector<Case>{{4.9, Action::kApply, {}},
                                          {5.1, Action::kApply, {"warn"}},
                                          {9.9, Action::kApply, {"warn"}},
@@ -121,7 +126,8 @@ TEST(Guard, NonFiniteSkipsThenEscalates) {
   int64_t step = warm(g);
   double nan = std::numeric_limits<double>::quiet_NaN();
   EXPECT_EQ(g.observe(signals(step, nan)).action, Action::kSkip);
-  EXPECT_EQ(g.observe(signals(step, 1.0, std::numeric_limits<double>::infinity())).action, Action::kSkip);
+  EXPECT_EQ(g.observe(signals(step, 1.0, std::numeric_limits<double>::infinity())).action,
+            Action::kSkip);
   auto d = g.observe(signals(step, nan));
   EXPECT_EQ(d.action, Action::kPause);
   EXPECT_EQ(kinds(d), (std::vector<std::string>{"skip_nan", "pause"}));

@@ -50,11 +50,12 @@ TEST_P(ArchTest, CausalNoLogitBeforeAChangedTokenMoves) {
   auto x = tokens(2, 12);
   const auto before = m->forward(x);
   const int64_t t = 7;
-  x.index_put_({torch::indexing::Slice(), t}, (x.index({torch::indexing::Slice(), t}) + 1) % kVocab);
+  x.index_put_({torch::indexing::Slice(), t},
+               (x.index({torch::indexing::Slice(), t}) + 1) % kVocab);
   const auto after = m->forward(x);
   using torch::indexing::Slice;
-  EXPECT_TRUE(torch::allclose(before.index({Slice(), Slice(0, t)}), after.index({Slice(), Slice(0, t)}),
-                              0.0, 1e-6));
+  EXPECT_TRUE(torch::allclose(before.index({Slice(), Slice(0, t)}),
+                              after.index({Slice(), Slice(0, t)}), 0.0, 1e-6));
   EXPECT_FALSE(torch::allclose(before.index({Slice(), t}), after.index({Slice(), t}), 0.0, 1e-4));
 }
 
@@ -68,7 +69,8 @@ TEST_P(ArchTest, PerSampleLossMeanEqualsCeLoss) {
   EXPECT_NEAR(out.loss.item<double>(), out.ce_loss.item<double>(), 1e-6);  // no z-loss
   EXPECT_FALSE(out.ce_loss.requires_grad());
   EXPECT_FALSE(out.per_sample_loss.requires_grad());
-  EXPECT_NEAR(out.ce_loss.item<double>(), std::log(static_cast<double>(kVocab)), 0.2);  // near uniform at init
+  EXPECT_NEAR(out.ce_loss.item<double>(), std::log(static_cast<double>(kVocab)),
+              0.2);  // near uniform at init
 }
 
 TEST_P(ArchTest, ZLossIncreasesLossButNotCrossEntropy) {
@@ -104,8 +106,8 @@ TEST_P(ArchTest, GradientAccumulationMatchesFullBatch) {
   }
   for (auto& item : m->named_parameters()) {
     const auto& want = full.at(item.key());
-    const double rel = (item.value().grad() - want).norm().item<double>() /
-                       (want.norm().item<double>() + 1e-30);
+    const double rel =
+        (item.value().grad() - want).norm().item<double>() / (want.norm().item<double>() + 1e-30);
     EXPECT_LT(rel, 1e-5) << item.key();
   }
 }

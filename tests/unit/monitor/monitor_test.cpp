@@ -25,7 +25,13 @@ TEST(JsonRecord, DoublesReadBackBitForBit) {
 }
 
 TEST(JsonRecord, ShortestFormAndTypes) {
-  auto s = JsonRecord().add("a", 0.1).add("b", 2.0).add("n", int64_t{7}).add("t", true).add("s", "x\"y").str();
+  auto s = JsonRecord()
+               .add("a", 0.1)
+               .add("b", 2.0)
+               .add("n", int64_t{7})
+               .add("t", true)
+               .add("s", "x\"y")
+               .str();
   EXPECT_EQ(s, R"({"a":0.1,"b":2.0,"n":7,"t":true,"s":"x\"y"})");
   EXPECT_EQ(format_double(std::numeric_limits<double>::quiet_NaN()), "null");
   EXPECT_EQ(format_double(1e300 * 1e300), "null");

@@ -76,7 +76,8 @@ void expect_close(const Vec& got, const Vec& want, double rel) {
   }
 }
 
-void expect_identical(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+void expect_identical(const std::map<std::string, Tensor>& a,
+                      const std::map<std::string, Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [k, t] : a) {
     ASSERT_TRUE(b.count(k)) << k;
@@ -88,7 +89,8 @@ void expect_identical(const std::map<std::string, Tensor>& a, const std::map<std
 std::map<std::string, Tensor> snapshot(const Optimizer& opt, const std::vector<Tensor>& params) {
   std::map<std::string, Tensor> s;
   for (const auto& [k, t] : opt.state_dict()) s[k] = t.clone();
-  for (size_t i = 0; i < params.size(); ++i) s["param" + std::to_string(i)] = params[i].detach().clone();
+  for (size_t i = 0; i < params.size(); ++i)
+    s["param" + std::to_string(i)] = params[i].detach().clone();
   return s;
 }
 
@@ -156,7 +158,8 @@ TEST(AdamWTest, FusedAndForeachAgree) {
       set_grad(b[i], g);
     }
     fused->step(1e-2 * (step + 1));
-    foreach->step(1e-2 * (step + 1));
+    foreach
+      ->step(1e-2 * (step + 1));
   }
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << "param " << i;
@@ -306,9 +309,9 @@ TEST(ParamGroupsTest, NormBiasEmbeddingAndOneDimGoToNoDecay) {
   auto in = [](const std::vector<std::string>& v, const std::string& s) {
     return std::find(v.begin(), v.end(), s) != v.end();
   };
-  for (const char* n : {"tok_emb.weight", "pos_emb.weight", "layers.0.attn_norm.weight",
-                        "layers.0.attn_norm.bias", "layers.0.attn.qkv.bias", "final_norm.weight",
-                        "layers.0.scale"}) {
+  for (const char* n :
+       {"tok_emb.weight", "pos_emb.weight", "layers.0.attn_norm.weight", "layers.0.attn_norm.bias",
+        "layers.0.attn.qkv.bias", "final_norm.weight", "layers.0.scale"}) {
     EXPECT_TRUE(in(no_decay, n)) << n;
   }
   for (const char* n : {"layers.0.attn.qkv.weight", "layers.0.attn.proj.weight",

@@ -38,11 +38,11 @@ TEST(ScheduleTest, CosineWarmupThenCosineToMin) {
                 {{0, 0.2},
                  {4, 1.0},
                  {9, 2.0},
-                 {10, 2.0},                                               // p = 0
+                 {10, 2.0},                                                 // p = 0
                  {35, 0.2 + 0.9 * (1.0 + std::cos(std::numbers::pi / 4))},  // p = 1/4
-                 {60, 1.1},                                               // p = 1/2
-                 {110, 0.2},                                              // p = 1
-                 {500, 0.2}});                                            // clamped past the end
+                 {60, 1.1},                                                 // p = 1/2
+                 {110, 0.2},                                                // p = 1
+                 {500, 0.2}});                                              // clamped past the end
   EXPECT_EQ(warmup_steps(cfg, 110), 10);
 }
 
@@ -77,7 +77,8 @@ TEST(ScheduleTest, ThreePhaseWarmupStepsOverridesFraction) {
 }
 
 TEST(ScheduleTest, ConstantWarmupThenPeak) {
-  expect_points(make("constant", 4), 3.0, 100, {{0, 0.75}, {1, 1.5}, {3, 3.0}, {4, 3.0}, {99, 3.0}});
+  expect_points(make("constant", 4), 3.0, 100,
+                {{0, 0.75}, {1, 1.5}, {3, 3.0}, {4, 3.0}, {99, 3.0}});
   expect_points(make("constant", 0), 3.0, 100, {{0, 3.0}, {99, 3.0}});
 }
 
