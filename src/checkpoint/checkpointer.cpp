@@ -17,6 +17,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/tensor_file.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -29,10 +30,6 @@ namespace {
 constexpr const char* kManifest = "MANIFEST.json";
 constexpr const char* kFormat = "keel-checkpoint";
 constexpr int kFormatVersion = 1;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string rank_file(const char* stem, int rank, const char* ext) {
   return fmt::format("{}.rank{}.{}", stem, rank, ext);
@@ -209,6 +206,55 @@ void remove_quietly(const fs::path& p) {
   if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
 }
 
+// For which = latest|stable: tries the pointer's target, then every other step_* newest first
+// (for stable: only those marked stable), with `use`, and returns the first it accepts. `use`
+// returns a VerifyResult; its problem is logged when a candidate is passed over.
+template <class Use>
+std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, const std::string& which,
+                                     Use use) {
+  const bool want_stable = which == "stable";
+  const fs::path pointer = checkpoints_dir / (want_stable ? "STABLE" : "LATEST");
+  std::string failure;
+  fs::path named;
+  if (auto target = read_pointer(pointer)) {
+    named = checkpoints_dir / *target;
+    std::error_code ec;
+    if (!fs::is_directory(named, ec)) {
+      failure = pointer.string() + " names " + *target + ", which does not exist";
+    } else {
+      VerifyResult v;
+      try {
+        v = want_stable && !read_manifest(named).stable
+                ? VerifyResult{false, named.string() + " is not marked stable"}
+                : use(named);
+      } catch (const CheckpointError& e) {
+        v = {false, e.what()};
+      }
+      if (v.ok) return named;
+      failure = v.problem;
+    }
+  } else {
+    failure = pointer.string() + " is missing";
+  }
+
+  std::vector<Entry> candidates;
+  for (auto& c : list_checkpoints(checkpoints_dir))
+    if (c.path != named && (!want_stable || (c.manifest_ok && c.stable))) candidates.push_back(c);
+  if (candidates.empty() && named.empty()) return std::nullopt;  // a fresh directory: no news
+  const char* kind = want_stable ? "stable " : "";
+  log::warn("ckpt", "{}; falling back to the newest {}checkpoint that verifies", failure, kind);
+  for (const auto& c : candidates) {
+    VerifyResult v = use(c.path);
+    if (v.ok) {
+      log::warn("ckpt", "using {}", c.path.string());
+      return c.path;
+    }
+    log::warn("ckpt", "skipping {}: {}", c.path.string(), v.problem);
+  }
+  log::warn("ckpt", "no {}checkpoint in {} verifies", kind, checkpoints_dir.string());
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
@@ -299,42 +345,8 @@ std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir,
     return p;
   }
 
-  const bool want_stable = which == "stable";
-  const fs::path pointer = checkpoints_dir / (want_stable ? "STABLE" : "LATEST");
-  std::string failure;
-  fs::path named;
-  if (auto target = read_pointer(pointer)) {
-    named = checkpoints_dir / *target;
-    std::error_code ec;
-    if (!fs::is_directory(named, ec)) {
-      failure = pointer.string() + " names " + *target + ", which does not exist";
-    } else {
-      VerifyResult v = verify_checkpoint(named);
-      if (v.ok && want_stable && !read_manifest(named).stable)
-        v = {false, named.string() + " is not marked stable"};
-      if (v.ok) return named;
-      failure = v.problem;
-    }
-  } else {
-    failure = pointer.string() + " is missing";
-  }
-
-  std::vector<Entry> candidates;
-  for (auto& c : list_checkpoints(checkpoints_dir))
-    if (c.path != named && (!want_stable || (c.manifest_ok && c.stable))) candidates.push_back(c);
-  if (candidates.empty() && named.empty()) return std::nullopt;  // a fresh directory: no news
-  const char* kind = want_stable ? "stable " : "";
-  log::warn("ckpt", "{}; falling back to the newest {}checkpoint that verifies", failure, kind);
-  for (const auto& c : candidates) {
-    VerifyResult v = verify_checkpoint(c.path);
-    if (v.ok) {
-      log::warn("ckpt", "using {}", c.path.string());
-      return c.path;
-    }
-    log::warn("ckpt", "skipping {}: {}", c.path.string(), v.problem);
-  }
-  log::warn("ckpt", "no {}checkpoint in {} verifies", kind, checkpoints_dir.string());
-  return std::nullopt;
+  return first_usable(checkpoints_dir, which,
+                      [](const fs::path& dir) { return verify_checkpoint(dir); });
 }
 
 CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
@@ -392,7 +404,7 @@ void Checkpointer::wait() {
 }
 
 fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   if (step < 0) throw CheckpointError("checkpoint step must be >= 0, got " + std::to_string(step));
   wait();
   fs::path final_dir = dir_ / step_dir_name(step);
@@ -405,7 +417,7 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
   data.optimizer = snapshot(data.optimizer);
   data.extra_tensors = snapshot(data.extra_tensors);
   writer_ = std::thread([this, step, stable, d = std::move(data)] {
-    auto t1 = std::chrono::steady_clock::now();
+    auto t1 = Clock::now();
     try {
       write_checkpoint(step, d, stable);
       last_write_s_ = seconds_since(t1);
@@ -418,7 +430,7 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
 }
 
 void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bool stable) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   const std::string name = step_dir_name(step);
   const fs::path final_dir = dir_ / name;
   const std::string tmp_prefix = name + ".tmp-";
@@ -553,6 +565,21 @@ std::optional<fs::path> Checkpointer::resolve(const std::string& which) {
 CheckpointData Checkpointer::load(const fs::path& dir) {
   wait();
   return load_checkpoint(dir, rank_, world_size_);
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& which) {
+  wait();
+  std::optional<CheckpointData> data;
+  auto path = first_usable(dir_, which, [&](const fs::path& dir) -> VerifyResult {
+    try {
+      data = load_checkpoint(dir, rank_, world_size_);  // verifies what it reads, once
+      return {true, ""};
+    } catch (const CheckpointError& e) {
+      return {false, e.what()};
+    }
+  });
+  if (!path) return std::nullopt;
+  return LoadedCheckpoint{*path, std::move(*data)};
 }
 
 void Checkpointer::apply_retention() {

@@ -104,6 +104,11 @@ std::optional<std::filesystem::path> resolve_checkpoint(
 // Throws when the checkpoint was written with a different world size (resharding: TODO(#ckpt)).
 CheckpointData load_checkpoint(const std::filesystem::path& dir, int rank = 0, int world_size = 1);
 
+struct LoadedCheckpoint {
+  std::filesystem::path path;
+  CheckpointData data;
+};
+
 class Checkpointer {
  public:
   using Barrier = std::function<void()>;
@@ -138,6 +143,9 @@ class Checkpointer {
   // See resolve_checkpoint / load_checkpoint; these wait for an in-flight save first.
   std::optional<std::filesystem::path> resolve(const std::string& which);
   CheckpointData load(const std::filesystem::path& dir);
+  // which = latest|stable: the first candidate resolve() would consider that loads, read (and so
+  // verified) once — a rollback does not hash the snapshot twice at its worst moment.
+  std::optional<LoadedCheckpoint> load_newest(const std::string& which);
 
   const std::filesystem::path& dir() const { return dir_; }
 

@@ -32,6 +32,10 @@ std::string xxh3_hex(uint64_t h) {
   return buf;
 }
 
+std::string xxh3_hex_of(std::string_view bytes) {
+  return xxh3_hex(XXH3_64bits(bytes.data(), bytes.size()));
+}
+
 HashingWriter::HashingWriter(const fs::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_io_error(path_, "cannot create", errno);

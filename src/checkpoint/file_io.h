@@ -22,6 +22,8 @@ struct FileDigest {
 
 // 16 lowercase hex digits, the form MANIFEST.json stores.
 std::string xxh3_hex(uint64_t h);
+// xxh3-64 of `bytes` in that form: the same on every build and toolchain (unlike std::hash).
+std::string xxh3_hex_of(std::string_view bytes);
 
 // Creates a new file (fails if it exists) and appends to it, hashing every byte written.
 // Not thread-safe; owns the descriptor (closed by finish() or the destructor).

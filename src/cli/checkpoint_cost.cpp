@@ -10,17 +10,12 @@
 #include <vector>
 
 #include "checkpoint/file_io.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "config/validate.h"
 
 namespace keel::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 constexpr size_t kProbeBytes = size_t{64} << 20;  // large enough to pass the disk's write cache
 

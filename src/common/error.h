@@ -1,7 +1,7 @@
 // The one error hierarchy of keel. Every error is caught in main(), which maps it to an exit code:
 //   2  the user's input is wrong (config, flags, data) — UserError and its children;
-//   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall) —
-//   RunStopped; anything else is a bug.
+//   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall, its
+//   record could not be written) — RunStopped; anything else is a bug.
 #pragma once
 
 #include <stdexcept>
@@ -46,6 +46,14 @@ class DistError : public std::runtime_error {
 class RunStopped : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A run-record file (metrics, events, eval, samples, forensics, config.resolved.yaml) could not be
+// written: a full disk, a vanished run directory. A run without its record is not worth running,
+// so the run stops (exit 3) after a last checkpoint attempt; the message names the file.
+class RecordError : public RunStopped {
+ public:
+  using RunStopped::RunStopped;
 };
 
 // SIGTERM/SIGINT arrived (a scheduler's preemption, a Ctrl-C): the run finished its step, saved a

@@ -149,6 +149,10 @@ void restore_default_host_allocator() {
   empty_host_cache();
 }
 
+bool caching_host_allocator_installed() {
+  return c10::GetCPUAllocator() == &CachingHostAllocator::instance();
+}
+
 size_t default_host_cache_limit() {
   const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
   size_t limit = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * page_size / 4 : 0;

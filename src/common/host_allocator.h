@@ -30,6 +30,8 @@ void install_caching_host_allocator(size_t max_cached_bytes);
 // Puts LibTorch's default CPU allocator back (run.host_allocator: system); cached blocks are
 // freed, blocks in use are still recycled or freed by their own deleter.
 void restore_default_host_allocator();
+// True while the caching allocator is LibTorch's CPU allocator.
+bool caching_host_allocator_installed();
 
 // A quarter of physical memory, shared by the ranks on this host (LOCAL_WORLD_SIZE, as torchrun
 // and keel launch set it).

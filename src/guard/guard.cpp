@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 
@@ -11,8 +14,6 @@ namespace {
 
 // A layer whose norm rose by more than this share of warn_factor counts as "risen" for the verdict.
 constexpr double kRisenShare = 0.5;
-// Attention-output std drifting by more than this relative amount from its baseline warns.
-constexpr double kAttentionDriftWarn = 1.0;
 // A stable snapshot needs its latest loss within this factor of the running loss median.
 constexpr double kStableLossBand = 1.25;
 // Loss-scale drops and regrowths, each at least this many within a window, mean oscillation.
@@ -20,13 +21,15 @@ constexpr int64_t kScaleOscillations = 3;
 
 }  // namespace
 
-Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names)
+Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
+             int64_t warmup_steps)
     : cfg_(cfg),
       layer_names_(std::move(layer_names)),
       grad_norms_(cfg.median_window),
       losses_(cfg.median_window),
       clip_flags_(cfg.median_window),
       layer_norms_(layer_names_.size(), RunningWindow(cfg.median_window)),
+      warmup_steps_(std::max<int64_t>(warmup_steps, 0)),
       scale_drops_(cfg.median_window),
       scale_rises_(cfg.median_window) {}
 
@@ -63,9 +66,12 @@ Decision Guard::observe(const StepSignals& s) {
         {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
         {"consecutive", consecutive_nan_}};
     if (cfg_.nan_policy == "abort") {
+      detail["reason"] = "non_finite";
       d.events.push_back({"abort", detail});
-      throw RunStopped("non-finite loss or gradient at step " + std::to_string(s.step) +
-                       " and stability.nan_policy is abort");
+      d.action = Action::kAbort;
+      d.stop_message = "non-finite loss or gradient at step " + std::to_string(s.step) +
+                       " and stability.nan_policy is abort";
+      return d;
     }
     if (cfg_.nan_policy == "pause" || consecutive_nan_ >= cfg_.max_consecutive_nan) {
       detail["reason"] = "non_finite";
@@ -132,14 +138,21 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
     d.events.push_back({"warn", std::move(detail)});
     last_rate_warn_step_ = s.step;
   };
-  if (may_warn && clip_flags_.size() >= cfg_.median_window &&
+  // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
+  // the warmup counts.
+  const bool past_warmup = s.step >= warmup_steps_ + cfg_.median_window;
+  if (may_warn && past_warmup && clip_flags_.size() >= cfg_.median_window &&
       clip_flags_.mean() > cfg_.clip_rate_warn) {
-    double rate = clip_flags_.mean();
+    const double rate = clip_flags_.mean();
     warn({{"signal", "clip_rate"},
           {"clip_rate", rate},
-          {"message", "clipping fires on " +
-                          std::to_string(static_cast<int>(std::round(rate * 100))) +
-                          " % of steps — look at the data or the schedule"}});
+          {"window", cfg_.median_window},
+          {"threshold", cfg_.clip_rate_warn},
+          {"message", fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (warns "
+                                  "above {:.0f} %): look at the data (a bad region raises every "
+                                  "norm) or the schedule (lr too high for this batch); raising "
+                                  "optim.grad_clip only hides it",
+                                  rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100)}});
   }
   if (s.loss_scale) {
     if (last_loss_scale_) {
@@ -165,35 +178,59 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
                                                 const std::vector<double>& update_ratios,
                                                 const std::vector<double>& attention_std) {
   std::vector<GuardEvent> events;
-  const bool may_warn =
-      last_periodic_warn_step_ < 0 || step - last_periodic_warn_step_ >= cfg_.median_window;
+  // While the lr ramps up, update ratios and activation statistics move by design: the trend
+  // follows them, nothing warns.
+  const bool past_warmup = step > warmup_steps_;
+  const bool may_warn = past_warmup && (last_periodic_warn_step_ < 0 ||
+                                        step - last_periodic_warn_step_ >= cfg_.median_window);
   for (size_t i = 0; i < update_ratios.size(); ++i) {
     // Advisory: a large update ratio says the lr is high for these weights; it does not block
     // stable promotion the way a gradient or loss alarm does.
     if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
       last_periodic_warn_step_ = step;
-      events.push_back({"warn",
-                        {{"signal", "update_ratio"},
-                         {"layer", i < layer_names_.size() ? layer_names_[i] : ""},
-                         {"update_ratio", update_ratios[i]},
-                         {"threshold", cfg_.update_ratio_alarm}}});
+      const std::string layer = i < layer_names_.size() ? layer_names_[i] : "";
+      events.push_back(
+          {"warn",
+           {{"signal", "update_ratio"},
+            {"layer", layer},
+            {"update_ratio", update_ratios[i]},
+            {"threshold", cfg_.update_ratio_alarm},
+            {"message",
+             fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
+                         "{:.1f} %): the lr is high for these weights; look at the "
+                         "schedule",
+                         layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)}}});
       break;
     }
   }
-  if (attention_baseline_.size() != attention_std.size()) attention_baseline_ = attention_std;
+  if (attention_trend_.size() != attention_std.size()) {
+    attention_trend_.assign(attention_std.size(), std::numeric_limits<double>::quiet_NaN());
+    attention_drifting_.assign(attention_std.size(), 0);
+  }
   for (size_t i = 0; i < attention_std.size(); ++i) {
-    double base = attention_baseline_[i];
-    double drift = base > 0 ? std::abs(attention_std[i] - base) / base : 0.0;
-    if (may_warn && events.empty() && drift > kAttentionDriftWarn) {
+    if (!(attention_std[i] > 0) || !std::isfinite(attention_std[i])) continue;
+    const double value = std::log(attention_std[i]);
+    double& trend = attention_trend_[i];
+    if (!std::isfinite(trend)) trend = value;
+    const double factor = std::exp(std::abs(value - trend));
+    int64_t& drifting = attention_drifting_[i];
+    drifting = past_warmup && factor > kAttentionDriftFactor ? drifting + 1 : 0;
+    if (may_warn && events.empty() && drifting >= kDriftPersistence) {
       last_periodic_warn_step_ = step;
-      events.push_back({"warn",
-                        {{"signal", "attention_drift"},
-                         {"layer", static_cast<int64_t>(i)},
-                         {"attention_std", attention_std[i]},
-                         {"baseline", base},
-                         {"drift", drift}}});
+      events.push_back(
+          {"warn",
+           {{"signal", "attention_drift"},
+            {"layer", static_cast<int64_t>(i)},
+            {"attention_std", attention_std[i]},
+            {"trend", std::exp(trend)},
+            {"factor", factor},
+            {"log_steps", drifting},
+            {"message", fmt::format("attention output of layer {} is {:.1f}x its trend for {} "
+                                    "log steps: look for growing attention logits (lr, "
+                                    "qk_norm) or a shift in the data",
+                                    i, factor, drifting)}}});
     }
-    attention_baseline_[i] = 0.9 * base + 0.1 * attention_std[i];  // slow baseline
+    trend += kAttentionTrendWeight * (value - trend);
   }
   return events;
 }
@@ -206,19 +243,29 @@ std::optional<GuardEvent> Guard::after_update(int64_t completed_steps) {
   return std::nullopt;
 }
 
-void Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
+Decision Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
+  Decision d;
   ++rollbacks_;
   incidents_.push_back(incident);
   if (rollbacks_ > cfg_.rollback.max_rollbacks) {
     std::string summary;
     for (const auto& i : incidents_) summary += "\n  " + i.dump();
-    throw RunStopped("rollback " + std::to_string(rollbacks_) +
-                     " exceeds stability.rollback.max_rollbacks=" +
-                     std::to_string(cfg_.rollback.max_rollbacks) + "; incidents:" + summary);
+    d.action = Action::kAbort;
+    d.events.push_back({"abort",
+                        {{"reason", "max_rollbacks"},
+                         {"rollbacks", rollbacks_},
+                         {"max_rollbacks", cfg_.rollback.max_rollbacks},
+                         {"incidents", incidents_}}});
+    d.stop_message =
+        "rollback " + std::to_string(rollbacks_) +
+        " exceeds stability.rollback.max_rollbacks=" + std::to_string(cfg_.rollback.max_rollbacks) +
+        "; incidents:" + summary;
+    return d;
   }
   recovery_until_ = step + cfg_.recovery.steps;
   recovery_announced_ = cfg_.recovery.steps == 0;
   consecutive_nan_ = 0;
+  return d;
 }
 
 double Guard::lr_factor(int64_t step) const {
@@ -240,12 +287,18 @@ nlohmann::json Guard::state() const {
           {"losses", losses_.state()},
           {"clip_flags", clip_flags_.state()},
           {"layer_norms", layers},
-          {"attention_baseline", attention_baseline_},
+          {"attention_trend", attention_trend_},
+          {"attention_drifting", attention_drifting_},
           {"consecutive_nan", consecutive_nan_},
           {"rollbacks", rollbacks_},
           {"recovery_until", recovery_until_},
           {"recovery_announced", recovery_announced_},
           {"last_alarm_step", last_alarm_step_},
+          {"last_rate_warn_step", last_rate_warn_step_},
+          {"last_periodic_warn_step", last_periodic_warn_step_},
+          {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
+          {"scale_drops", scale_drops_.state()},
+          {"scale_rises", scale_rises_.state()},
           {"incidents", incidents_}};
 }
 
@@ -256,12 +309,26 @@ void Guard::load_state(const nlohmann::json& st) {
   const auto& layers = st.at("layer_norms");
   for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].load_state(layers[i]);
-  attention_baseline_ = st.at("attention_baseline").get<std::vector<double>>();
+  attention_trend_.clear();
+  for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
+    attention_trend_.push_back(v.is_number() ? v.get<double>()
+                                             : std::numeric_limits<double>::quiet_NaN());
+  attention_drifting_ = st.value("attention_drifting", std::vector<int64_t>{});
+  if (attention_drifting_.size() != attention_trend_.size())
+    attention_drifting_.assign(attention_trend_.size(), 0);
   consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
   rollbacks_ = st.at("rollbacks").get<int64_t>();
   recovery_until_ = st.at("recovery_until").get<int64_t>();
   recovery_announced_ = st.at("recovery_announced").get<bool>();
   last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
+  // Absent in checkpoints written before they were saved: start those watches afresh.
+  last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
+  last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
+  last_loss_scale_.reset();
+  if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())
+    last_loss_scale_ = it->get<double>();
+  if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
+  if (st.contains("scale_rises")) scale_rises_.load_state(st.at("scale_rises"));
   incidents_ = st.at("incidents");
 }
 

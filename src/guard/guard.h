@@ -36,7 +36,9 @@ struct StepSignals {
   std::optional<double> loss_scale;  // fp16 only
 };
 
-enum class Action { kApply, kSkip, kPause };
+// kAbort: the run must stop (nan_policy abort, or past the rollback budget); the decision's last
+// event is the abort, which the trainer records before it stops.
+enum class Action { kApply, kSkip, kPause, kAbort };
 
 struct GuardEvent {
   std::string kind;  // warn | skip_nan | pause | recovery_end | abort
@@ -46,22 +48,29 @@ struct GuardEvent {
 struct Decision {
   Action action = Action::kApply;
   std::vector<GuardEvent> events;
+  std::string stop_message;  // kAbort: why the run stops, for the person reading the log
 };
 
 class Guard {
  public:
-  Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names);
+  // `warmup_steps`: the schedule's warmup. Signals that move by design while the lr ramps up
+  // (clip rate, update ratios, activation statistics) stay silent until it is over, and the clip
+  // rate until a whole window after it.
+  Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
+        int64_t warmup_steps = 0);
 
   Decision observe(const StepSignals& s);
   // Signals too costly for every step, read at log steps: per-layer update ratios |Δw|/|w| and
-  // attention-output std per layer (drift against a slow baseline). Returns warn events.
+  // attention-output std per layer, compared with a slow trend of its own (an EMA of its log)
+  // that follows the training trajectory; a drift warns only when it persists over
+  // kDriftPersistence log steps. Returns warn events.
   std::vector<GuardEvent> observe_periodic(int64_t step, const std::vector<double>& update_ratios,
                                            const std::vector<double>& attention_std);
   // Call after every applied update; returns recovery_end when the recovery overlay just ended.
   std::optional<GuardEvent> after_update(int64_t completed_steps);
   // The run rolled back so that `step` updates are done; recovery covers the next recovery.steps.
-  // Throws RunStopped (with every incident) when this rollback exceeds rollback.max_rollbacks.
-  void on_rollback(int64_t step, const nlohmann::json& incident);
+  // Past rollback.max_rollbacks the decision is kAbort, with every incident in its message.
+  Decision on_rollback(int64_t step, const nlohmann::json& incident);
 
   // Multiplier on the scheduled lr for the update with index `step` (recovery overlay).
   double lr_factor(int64_t step) const;
@@ -78,6 +87,8 @@ class Guard {
   bool baseline_ready() const;
   double loss_median() const { return losses_.median(); }
 
+  // Everything observe() and friends depend on, so a resumed run decides exactly as the
+  // uninterrupted one would (warn suppression windows and the loss-scale watch included).
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 
@@ -90,7 +101,9 @@ class Guard {
   std::vector<std::string> layer_names_;
   RunningWindow grad_norms_, losses_, clip_flags_;
   std::vector<RunningWindow> layer_norms_;
-  std::vector<double> attention_baseline_;
+  int64_t warmup_steps_;
+  std::vector<double> attention_trend_;      // per layer: EMA of log(attention-output std)
+  std::vector<int64_t> attention_drifting_;  // per layer: consecutive log steps off the trend
   int64_t consecutive_nan_ = 0;
   int64_t rollbacks_ = 0;
   int64_t recovery_until_ = -1;
@@ -105,5 +118,12 @@ class Guard {
 
 // Minimum samples in the window before an alarm can fire: a baseline of two values is no baseline.
 inline constexpr int64_t kMinBaselineSteps = 10;
+// Attention-output std this many times above or below its trend warns, after kDriftPersistence
+// log steps in a row (a lasting change, not one noisy reading).
+inline constexpr double kAttentionDriftFactor = 3.0;
+inline constexpr int64_t kDriftPersistence = 3;
+// Weight of the newest reading in the attention trend (per log step): slow enough that a fault
+// stands out, fast enough to follow the growth of healthy training.
+inline constexpr double kAttentionTrendWeight = 0.1;
 
 }  // namespace keel::guard

@@ -215,6 +215,7 @@ Tensor swiglu(const Tensor& gate_up) {
 }
 
 void set_cpu_matmul(CpuMatmul backend) { g_cpu_matmul = backend; }
+CpuMatmul cpu_matmul() { return g_cpu_matmul; }
 bool onednn_linear_available() { return onednn_linear_op().has_value(); }
 
 bool linear_uses_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias) {

@@ -28,7 +28,8 @@ bool swiglu_is_fused(const torch::Tensor& gate_up);
 // faster for the third. Everything else is at::linear.
 enum class CpuMatmul { kOneDnn, kAten };
 void set_cpu_matmul(CpuMatmul backend);  // process-wide; run.cpu_matmul
-bool onednn_linear_available();          // LibTorch was built with oneDNN (mkldnn)
+CpuMatmul cpu_matmul();
+bool onednn_linear_available();  // LibTorch was built with oneDNN (mkldnn)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias = {});
 bool linear_uses_onednn(const torch::Tensor& x, const torch::Tensor& weight,

@@ -1,7 +1,9 @@
 // The run directory's append-only record files (metrics.jsonl, events.jsonl, eval.jsonl and the
 // optional samples.jsonl).
 // Only rank 0 writes; other ranks get a RunFiles that discards. Each line is flushed as written so
-// a crashed run leaves complete lines behind. Not thread-safe: the trainer thread owns it.
+// a crashed run leaves complete lines behind, and checked: a short write (a full disk) or a file
+// whose directory vanished throws RecordError naming the file — a run never trains on without a
+// record. Not thread-safe: the trainer thread owns it.
 #pragma once
 
 #include <cstdio>
@@ -24,7 +26,11 @@ class JsonlFile {
 
  private:
   std::FILE* file_ = nullptr;
+  std::string path_;
 };
+
+// Writes `text` to `path` (replacing it) and checks every step; RecordError names the file.
+void write_record_file(const std::string& path, const std::string& text);
 
 struct RunFiles {
   JsonlFile metrics, events, eval;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 #include <csignal>
+#include <limits>
 
 #include "common/log.h"
 
@@ -33,12 +34,6 @@ bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
   return done;
 }
 
-bool FaultInjector::nan_grad(int64_t iteration) const {
-  for (const auto& f : faults_)
-    if (f.kind == "nan_grad" && active(f, iteration)) return true;
-  return false;
-}
-
 double FaultInjector::lr_multiplier(int64_t iteration) const {
   double m = 1.0;
   for (const auto& f : faults_)
@@ -46,11 +41,19 @@ double FaultInjector::lr_multiplier(int64_t iteration) const {
   return m;
 }
 
-void FaultInjector::maybe_crash(int64_t iteration) const {
+void FaultInjector::after_backward(int64_t iteration,
+                                   const std::vector<torch::Tensor>& params) const {
   for (const auto& f : faults_) {
     if (f.kind == "crash" && iteration == f.at_step) {
       log::warn("faults", "crash fault at iteration {}: killing the process", iteration);
       ::kill(::getpid(), SIGKILL);
+    }
+    if (f.kind == "nan_grad" && active(f, iteration)) {
+      for (const auto& p : params)
+        if (p.grad().defined()) {
+          p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+          break;
+        }
     }
   }
 }

@@ -29,10 +29,10 @@ class FaultInjector {
   // Corrupts `batch` in place when micro-batch `position` of this rank's data order is in a
   // corrupt_batch window. Returns true when it did.
   bool corrupt(data::Batch& batch, int64_t position);
-  bool nan_grad(int64_t iteration) const;
   double lr_multiplier(int64_t iteration) const;
-  // Kills the process (SIGKILL, as an OOM killer or a node failure would) at `iteration`.
-  void maybe_crash(int64_t iteration) const;
+  // The step's one fault hook, after the backward pass of `iteration`: a crash kills the process
+  // (SIGKILL, as an OOM killer or a node failure would); a nan_grad poisons the first gradient.
+  void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params) const;
 
  private:
   bool active(const config::FaultSpec& f, int64_t at) const {

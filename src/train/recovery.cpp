@@ -13,9 +13,11 @@ namespace fs = std::filesystem;
 
 void Trainer::State::write_forensics(const nlohmann::json& signals) {
   if (!comm.is_main() || step_samples.losses.empty()) return;
-  fs::path dir = fs::path(run_dir) / "forensics" / checkpoint::step_dir_name(step);
-  if (fs::exists(dir)) dir += "-iter" + std::to_string(iteration);
-  fs::create_directories(dir);
+  fs::path dir = fs::path(run_dir) / "forensics" / checkpoint::step_dir_name(counters.step);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) dir += "-iter" + std::to_string(counters.iteration);
+  fs::create_directories(dir, ec);
+  if (ec) throw RecordError("cannot create " + dir.string() + ": " + ec.message());
 
   auto losses = torch::cat(step_samples.losses).to(torch::kCPU);
   auto ids = torch::cat(step_samples.ids).to(torch::kCPU);
@@ -34,40 +36,43 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
     for (size_t i = 0; i < layers->names().size(); ++i)
       layers_json[layers->names()[i]] = signals["layer_grad_norms"][i];
 
-  std::ofstream(dir / "samples.json") << samples.dump(2) << "\n";
-  std::ofstream(dir / "layers.json") << layers_json.dump(2) << "\n";
-  std::ofstream(dir / "signals.json") << signals.dump(2) << "\n";
+  monitor::write_record_file((dir / "samples.json").string(), samples.dump(2) + "\n");
+  monitor::write_record_file((dir / "layers.json").string(), layers_json.dump(2) + "\n");
+  monitor::write_record_file((dir / "signals.json").string(), signals.dump(2) + "\n");
   checkpoint::TensorMap weights;
   for (const auto& [name, p] : named_params) weights[name] = p.detach();
-  checkpoint::write_safetensors(dir / "model.safetensors", weights,
-                                {{"step", std::to_string(step)}});
-  log::warn("guard", "forensics of step {} in {} (top sample {} with loss {:.3f})", step,
+  try {
+    checkpoint::write_safetensors(dir / "model.safetensors", weights,
+                                  {{"step", std::to_string(counters.step)}});
+  } catch (const CheckpointError& e) {
+    throw RecordError(std::string("forensics: ") + e.what());
+  }
+  log::warn("guard", "forensics of step {} in {} (top sample {} with loss {:.3f})", counters.step,
             dir.string(), samples.empty() ? -1 : samples[0]["sample_id"].get<int64_t>(),
             samples.empty() ? 0.0 : samples[0]["loss"].get<double>());
 }
 
-void Trainer::State::pause_and_rollback(const guard::Decision& decision,
-                                        const nlohmann::json& signals) {
-  nlohmann::json detail =
-      decision.events.empty() ? nlohmann::json::object() : decision.events.back().detail;
+void Trainer::State::pause_and_rollback(const Verdict& verdict) {
+  const auto& events = verdict.decision.events;
+  nlohmann::json detail = events.empty() ? nlohmann::json::object() : events.back().detail;
   event("pause", detail);
-  write_forensics(signals);
+  write_forensics(verdict.signals);
   if (!cfg.stability.rollback.enabled) {
-    log::warn("guard", "pause at step {}: rollback disabled, the update is skipped", step);
+    log::warn("guard", "pause at step {}: rollback disabled, the update is skipped", counters.step);
     return;
   }
-  auto target = checkpointer->resolve("stable");
+  // Read (and so verified) once: the newest stable snapshot that loads.
+  auto target = checkpointer->load_newest("stable");
   if (!target)
-    throw RunStopped("pause at step " + std::to_string(step) +
+    throw RunStopped("pause at step " + std::to_string(counters.step) +
                      " but no stable snapshot exists to roll back to");
 
-  const int64_t from_step = step;
-  auto data = checkpointer->load(*target);
-  const int64_t stable_micro = data.trainer_state.at("micro_taken").get<int64_t>();
+  const int64_t from_step = counters.step;
+  const int64_t stable_micro = TrainCounters::from_json(target->data.trainer_state).micro_taken;
   // Data moves forward, the model goes back: with skip_data the window consumed since the stable
   // snapshot (which held the offending samples) is never trained on again.
   const bool replay = !cfg.stability.rollback.skip_data;
-  restore(data, /*restore_data=*/replay, /*restore_guard=*/false);
+  restore(target->data, /*restore_data=*/replay, /*restore_guard=*/false);
   nlohmann::json quarantine = nullptr;
   if (!replay) {
     // Skip-ahead: the data source moves on past the pause, counted as taken, so the
@@ -75,32 +80,32 @@ void Trainer::State::pause_and_rollback(const guard::Decision& decision,
     const int64_t ahead = cfg.stability.rollback.skip_ahead_steps * cfg.data.grad_accum_steps;
     for (int64_t i = 0; i < ahead; ++i) {
       (void)train_data->next();
-      ++micro_taken;
+      ++counters.micro_taken;
     }
-    int64_t micro = micro_taken - stable_micro;
-    quarantined_micro += micro;
-    const int64_t b = cfg.data.micro_batch_size;
+    const int64_t micro = counters.micro_taken - stable_micro;
+    counters.quarantined_micro += micro;
     quarantine = {{"micro_batches", micro},
-                  {"samples", micro * b * comm.world_size()},
+                  {"samples", micro * cfg.data.micro_batch_size * comm.world_size()},
                   {"first_position", stable_micro},
-                  {"end_position", micro_taken},
+                  {"end_position", counters.micro_taken},
                   {"skipped_ahead", ahead}};
   }
   nlohmann::json incident = {{"pause_step", from_step},
-                             {"iteration", iteration},
+                             {"iteration", counters.iteration},
                              {"reason", detail.value("reason", "")},
-                             {"to_step", step}};
+                             {"to_step", counters.step}};
   event("rollback", {{"from_step", from_step},
-                     {"to_step", step},
-                     {"checkpoint", target->string()},
+                     {"to_step", counters.step},
+                     {"checkpoint", target->path.string()},
                      {"quarantine", quarantine}});
-  guard->on_rollback(step, incident);  // throws RunStopped past max_rollbacks
+  const guard::Decision budget = guard->on_rollback(counters.step, incident);
+  if (budget.action == guard::Action::kAbort) stop(budget);
   event("recovery_start", {{"steps", cfg.stability.recovery.steps},
                            {"lr_factor", cfg.stability.recovery.lr_factor},
-                           {"until_step", step + cfg.stability.recovery.steps}});
-  log::warn("guard",
-            "rolled back from step {} to stable step {}; recovering at {} x lr for {} steps",
-            from_step, step, cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
+                           {"until_step", counters.step + cfg.stability.recovery.steps}});
+  log::warn(
+      "guard", "rolled back from step {} to stable step {}; recovering at {} x lr for {} steps",
+      from_step, counters.step, cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
 }
 
 }  // namespace keel::train

@@ -73,17 +73,11 @@ checkpoint::CheckpointData Trainer::State::capture() const {
     data.extra_tensors["rng.cuda"] = at::globalContext().defaultGenerator(device).get_state();
   if (scaler)
     for (auto& [k, v] : scaler->state_dict()) data.extra_tensors["scaler." + k] = v;
-  data.trainer_state = {
-      {"step", step},
-      {"iteration", iteration},
-      {"micro_taken", micro_taken},
-      {"quarantined_micro", quarantined_micro},
-      {"data", train_data->state()},
-      {"last_eval_step", last_eval_step},
-      {"samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size()},
-      {"tokens_seen",
-       micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len},
-      {"schedule", {{"kind", cfg.schedule.kind}, {"step", step}}}};
+  data.trainer_state = nlohmann::json::object();
+  counters.to_json(data.trainer_state, cfg.data.micro_batch_size, comm.world_size(),
+                   cfg.model.seq_len);
+  data.trainer_state["data"] = train_data->state();
+  data.trainer_state["schedule"] = {{"kind", cfg.schedule.kind}, {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
   data.config_yaml = resolved_yaml;
   return data;
@@ -115,21 +109,20 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
     set_rng_state(device, it->second);
 
   const auto& ts = data.trainer_state;
-  step = ts.at("step").get<int64_t>();
+  const TrainCounters saved = TrainCounters::from_json(ts);
   if (restore_data) {
-    iteration = ts.at("iteration").get<int64_t>();
-    micro_taken = ts.at("micro_taken").get<int64_t>();
-    quarantined_micro = ts.at("quarantined_micro").get<int64_t>();
-    last_eval_step = ts.at("last_eval_step").get<int64_t>();
+    counters = saved;
     train_data->load_state(ts.at("data"));
+  } else {
+    counters.step = saved.step;  // the model goes back; the data position moves on
   }
   if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
-  last_checkpoint_step = step;
+  last_checkpoint_step = counters.step;
 }
 
 void Trainer::State::save_checkpoint(bool stable) {
-  auto path = checkpointer->save(step, capture(), stable);
-  last_checkpoint_step = step;
+  auto path = checkpointer->save(counters.step, capture(), stable);
+  last_checkpoint_step = counters.step;
   nlohmann::json detail = {{"path", path.string()},
                            {"stall_s", checkpointer->last_stall_seconds()},
                            {"async", cfg.checkpoint.async}};
@@ -138,6 +131,7 @@ void Trainer::State::save_checkpoint(bool stable) {
 }
 
 void Trainer::State::maybe_checkpoint() {
+  const int64_t step = counters.step;
   if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway
   const int64_t every = cfg.checkpoint.every_steps;
   const int64_t stable_every =
@@ -151,16 +145,22 @@ void Trainer::State::maybe_checkpoint() {
 
 bool Trainer::State::resume() {
   if (options.resume.empty()) return false;
-  auto path = checkpointer->resolve(options.resume);
-  if (!path) {
-    if (options.resume == "latest" || options.resume == "stable") {
+  std::optional<fs::path> path;
+  checkpoint::CheckpointData data;
+  if (options.resume == "latest" || options.resume == "stable") {
+    auto loaded = checkpointer->load_newest(options.resume);  // read and verified once
+    if (!loaded) {
       log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", options.resume,
                 checkpointer->dir().string());
       return false;
     }
-    throw CheckpointError("--resume " + options.resume + ": no such checkpoint");
+    path = loaded->path;
+    data = std::move(loaded->data);
+  } else {
+    path = checkpointer->resolve(options.resume);
+    if (!path) throw CheckpointError("--resume " + options.resume + ": no such checkpoint");
+    data = checkpointer->load(*path);
   }
-  auto data = checkpointer->load(*path);
 
   auto stored = config::load_config_from_string(data.config_yaml, (*path / "config.yaml").string());
   auto before = flatten(stored.config), now = flatten(cfg);
@@ -175,8 +175,8 @@ bool Trainer::State::resume() {
                       ": the config changes what a resume cannot honour:" + list);
   }
   restore(data, /*restore_data=*/true, /*restore_guard=*/true);
-  log::info("ckpt", "resumed from {} at step {}", path->string(), step);
-  event("resume", {{"path", path->string()}, {"from_step", step}});
+  log::info("ckpt", "resumed from {} at step {}", path->string(), counters.step);
+  event("resume", {{"path", path->string()}, {"from_step", counters.step}});
   return true;
 }
 

@@ -1,16 +1,14 @@
 #include "train/trainer.h"
 
-#include <csignal>
 #include <filesystem>
-#include <fstream>
 
+#include "checkpoint/file_io.h"
 #include "common/error.h"
 #include "common/host_allocator.h"
 #include "common/log.h"
 #include "config/validate.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
-#include "model/fused_ops.h"
 #include "optim/clip.h"
 #include "schedule/schedule.h"
 #include "train/learning_rate.h"
@@ -25,10 +23,6 @@ namespace {
 
 // Sample ids of the validation stream live far above any training id, so the two never overlap.
 constexpr int64_t kValidationIdBase = int64_t{1} << 48;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
@@ -56,6 +50,10 @@ std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int ra
   return data::make_shard_source(cfg, rank, world, validation);
 }
 
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
 }  // namespace
 
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
@@ -63,11 +61,45 @@ std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& optio
   return (fs::path(cfg.run.out_dir) / cfg.run.name).string();
 }
 
+ProcessSettings::ProcessSettings()
+    : threads_(at::get_num_threads()),
+      caching_allocator_(caching_host_allocator_installed()),
+      cpu_matmul_(model::cpu_matmul()),
+      deterministic_(at::globalContext().deterministicAlgorithms()) {
+  sigaction(SIGTERM, nullptr, &sigterm_);
+  sigaction(SIGINT, nullptr, &sigint_);
+}
+
+ProcessSettings::~ProcessSettings() {
+  sigaction(SIGTERM, &sigterm_, nullptr);
+  sigaction(SIGINT, &sigint_, nullptr);
+  at::globalContext().setDeterministicAlgorithms(deterministic_, false);
+  model::set_cpu_matmul(cpu_matmul_);
+  if (caching_allocator_ && !caching_host_allocator_installed())
+    install_caching_host_allocator(default_host_cache_limit());
+  if (!caching_allocator_ && caching_host_allocator_installed()) restore_default_host_allocator();
+  if (at::get_num_threads() != threads_) at::set_num_threads(threads_);
+}
+
 void Trainer::State::event(const std::string& kind, const nlohmann::json& detail) {
   monitor::JsonRecord rec;
-  rec.add("step", step).add("kind", kind).add("iteration", iteration);
+  rec.add("step", counters.step).add("kind", kind).add("iteration", counters.iteration);
   if (!detail.empty()) rec.add("detail", detail);
   files.events.write(rec);
+}
+
+void Trainer::State::record_events(const guard::Decision& d) {
+  for (const auto& e : d.events)
+    if (e.kind != "pause" && e.kind != "abort") event(e.kind, e.detail);
+}
+
+// The guard decided the run cannot go on: the abort goes on record first, then the run stops.
+void Trainer::State::stop(const guard::Decision& d) {
+  record_events(d);
+  for (const auto& e : d.events)
+    if (e.kind == "abort") event("abort", e.detail);
+  progress->finish();
+  throw RunStopped(d.stop_message);
 }
 
 void Trainer::State::setup() {
@@ -76,12 +108,14 @@ void Trainer::State::setup() {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     if (ec) throw UserError("cannot create run directory " + run_dir + ": " + ec.message());
-    std::ofstream(fs::path(run_dir) / "config.resolved.yaml") << resolved_yaml;
+    monitor::write_record_file((fs::path(run_dir) / "config.resolved.yaml").string(),
+                               resolved_yaml);
   }
   comm.barrier();
   files = monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
+  process_settings = std::make_unique<ProcessSettings>();
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
   if (cfg.run.host_allocator == "caching") {
     install_caching_host_allocator(default_host_cache_limit());
@@ -107,22 +141,25 @@ void Trainer::State::setup() {
   if (precision == optim::Precision::kFp16) scaler.emplace(device);
   layers = std::make_unique<LayerGroups>(named_params, device);
 
-  int rank = comm.rank(), world = comm.world_size();
+  const int rank = comm.rank(), world = comm.world_size();
   train_data = make_source(cfg, rank, world, /*validation=*/false);
+  val_data = make_source(cfg, rank, world, /*validation=*/true);
+  val_start = val_data->state();
   if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(train_data.get()))
     loss_floor = synthetic->chain().entropy_rate();
   faults = std::make_unique<FaultInjector>(cfg.faults, cfg.data.grad_accum_steps,
                                            cfg.model.vocab_size, cfg.run.seed + rank);
-  if (cfg.stability.enabled) guard = std::make_unique<guard::Guard>(cfg.stability, layers->names());
+  if (cfg.stability.enabled)
+    guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
+                                           schedule::warmup_steps(cfg.schedule, cfg.run.max_steps));
 
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 
-  const std::string ckpt_dir = config::checkpoint_dir(cfg, run_dir).string();
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
-      ckpt_dir, cfg.checkpoint, rank, world, KEEL_VERSION,
-      std::to_string(std::hash<std::string>{}(resolved_yaml)), [this] { comm.barrier(); });
+      config::checkpoint_dir(cfg, run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
+      checkpoint::xxh3_hex_of(resolved_yaml), [this] { comm.barrier(); });
 
   log::info("train", "run directory {}", run_dir);
   log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}", cfg.model.arch,
@@ -147,52 +184,53 @@ void Trainer::State::setup() {
   std::signal(SIGINT, on_stop_signal);
 }
 
-data::Batch Trainer::State::next_batch() {
-  auto wait_start = Clock::now();
-  data::Batch batch = train_data->next();
-  loader_wait_s += seconds_since(wait_start);
-  faults->corrupt(batch, micro_taken);
-  ++micro_taken;
-  return batch;
-}
+// ---- the step ---------------------------------------------------------------------------------
+// One optimizer step, top to bottom: the micro-batches' forward and backward, the fault hook, the
+// measurements (one host read when the guard is on), the guard's decision, then the update and
+// its record — or a skip or a rollback instead of the update.
+void Trainer::State::train_step() {
+  const double lr = effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get());
+  const bool log_step = is_log_step();
+  model->set_record_activation_stats(log_step && guard);
 
-// The samples the loader took from the data order must match what the trainer asked for: a
-// silent loss or repeat of data would otherwise go unnoticed for days.
-void Trainer::State::check_consumed() {
-  auto counts = torch::tensor({static_cast<double>(train_data->samples_served()),
-                               static_cast<double>(micro_taken * cfg.data.micro_batch_size)},
-                              torch::kFloat64);
-  std::vector<torch::Tensor> t{counts.to(device)};
-  comm.all_reduce_sum_(t);
-  auto host = t[0].to(torch::kCPU);
-  double served = host[0].item<double>(), expected = host[1].item<double>();
-  double deviation = expected > 0 ? std::abs(served - expected) / expected : 0.0;
-  if (deviation > cfg.data.consumed_tolerance) {
-    nlohmann::json detail = {{"reason", "consumed_mismatch"},
-                             {"samples_served", served},
-                             {"samples_expected", expected},
-                             {"deviation", deviation}};
-    event("abort", detail);
-    throw RunStopped(fmt::format(
-        "data-count mismatch at step {}: the loader took {} samples from the data order but the "
-        "trainer consumed {} (deviation {:.1f} % > data.consumed_tolerance {:.1f} %)",
-        step, static_cast<int64_t>(served), static_cast<int64_t>(expected), deviation * 100,
-        cfg.data.consumed_tolerance * 100));
+  torch::Tensor loss = forward_backward(/*keep_samples=*/guard != nullptr);
+  faults->after_backward(counters.iteration, params);
+  const StepResult result = measure(std::move(loss));
+  const Verdict verdict = decide(result, lr);
+  if (verdict.action() != guard::Action::kApply) {
+    reject(verdict, result);
+    return;
+  }
+  const std::vector<double> update_ratios = apply_update(result, lr, log_step);
+  if (log_step) {
+    record_step(result, lr, update_ratios);
+    check_consumed();
   }
 }
 
-void Trainer::State::train_step() {
+bool Trainer::State::is_log_step() const {
+  const int64_t next = counters.step + 1;
+  return next % std::max<int64_t>(cfg.logging.every_steps, 1) == 0 || next == cfg.run.max_steps ||
+         counters.step == 0;
+}
+
+data::Batch Trainer::State::next_batch() {
+  const auto wait_start = Clock::now();
+  data::Batch batch = train_data->next();
+  window.loader_wait_s += seconds_since(wait_start);
+  faults->corrupt(batch, counters.micro_taken);  // corrupt_batch is keyed to the data position
+  ++counters.micro_taken;
+  return batch;
+}
+
+// Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. Returns
+// the step's mean cross-entropy (device scalar).
+torch::Tensor Trainer::State::forward_backward(bool keep_samples) {
   const int64_t accum = cfg.data.grad_accum_steps;
-  const double lr = effective_lr(cfg, step, iteration, guard.get(), faults.get());
-  faults->maybe_crash(iteration);
   model->train();
   step_samples.clear();
-  const bool is_log_step = (step + 1) % std::max<int64_t>(cfg.logging.every_steps, 1) == 0 ||
-                           step + 1 == cfg.run.max_steps || step == 0;
-  model->set_record_activation_stats(is_log_step && guard);
-
-  auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  torch::Tensor loss_sum = torch::zeros({}, fp32);
+  torch::Tensor loss_sum =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   std::vector<int64_t> sample_ids;  // logging.sample_ids: this step's data, in order
   for (int64_t micro = 0; micro < accum; ++micro) {
     data::Batch batch = next_batch();
@@ -201,7 +239,7 @@ void Trainer::State::train_step() {
       sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
                         ids.data_ptr<int64_t>() + ids.numel());
     }
-    auto tokens = batch.tokens.to(device, /*non_blocking=*/true);
+    auto tokens = batch.tokens.to(device, /*non_blocking=*/true);  // (B, T+1)
     model::LossOutput out;
     {
       optim::AutocastScope autocast(device.type(), precision);
@@ -213,28 +251,25 @@ void Trainer::State::train_step() {
     if (scaler) scaled = scaled * scaler->scale();
     scaled.backward();
     loss_sum += out.ce_loss.detach();
-    if (guard) {
+    if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
       step_samples.losses.push_back(out.per_sample_loss);
       step_samples.tokens.push_back(batch.tokens);
     }
   }
-  torch::Tensor loss = loss_sum / static_cast<double>(accum);
   if (cfg.logging.sample_ids)
     files.samples.write(monitor::JsonRecord()
-                            .add("step", step + 1)
-                            .add("iteration", iteration)
+                            .add("step", counters.step + 1)
+                            .add("iteration", counters.iteration)
                             .add("ids", nlohmann::json(sample_ids)));
-  if (faults->nan_grad(iteration)) {
-    for (auto& p : params)
-      if (p.grad().defined()) {
-        p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
-        break;
-      }
-  }
+  return loss_sum / static_cast<double>(accum);
+}
 
-  std::optional<torch::Tensor> found_inf;
-  if (scaler) found_inf = scaler->unscale_(params);
+// Unscales (fp16), averages across ranks, and takes the norms: one pass over the gradients gives
+// the per-parameter norms (the guard's layer norms) and from them the global norm.
+StepResult Trainer::State::measure(torch::Tensor loss) {
+  StepResult r;
+  if (scaler) r.found_inf = scaler->unscale_(params);
   if (comm.world_size() > 1) {
     std::vector<torch::Tensor> grads;
     for (auto& p : params)
@@ -242,140 +277,142 @@ void Trainer::State::train_step() {
     grads.push_back(loss);
     comm.all_reduce_mean_(grads);
   }
-  // One pass over the gradients: the per-parameter norms feed the guard's layer norms, and their
-  // norm is the global norm that clipping and the alarms use.
-  torch::Tensor param_norms = optim::per_param_grad_norms(params);
-  torch::Tensor grad_norm = param_norms.norm();
-
-  if (guard) {
-    // One small host read per step: the guard decides before the update touches the weights.
-    const auto guard_start = Clock::now();
-    auto layer_norms = layers->reduce(param_norms);
-    auto packed =
-        torch::cat({loss.reshape({1}), grad_norm.reshape({1}), layer_norms}).to(torch::kCPU);
-    auto* v = packed.data_ptr<float>();
-    guard::StepSignals s;
-    s.step = step;
-    s.loss = v[0];
-    s.grad_norm = v[1];
-    s.layer_grad_norms.assign(v + 2, v + packed.numel());
-    s.clipped = s.grad_norm > cfg.optim.grad_clip;
-    if (scaler) s.loss_scale = scaler->scale().item<double>();
-    guard::Decision d = guard->observe(s);
-    nlohmann::json signals = {
-        {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
-        {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
-        {"lr", lr},
-        {"layer_grad_norms", s.layer_grad_norms}};
-    for (auto& e : d.events)
-      if (e.kind != "pause") event(e.kind, e.detail);
-    guard_s += seconds_since(guard_start);
-    if (d.action == guard::Action::kSkip) {
-      // Weights and optimizer state stay untouched; the data moves on.
-      if (scaler && found_inf) scaler->update(*found_inf);
-      optimizer->zero_grad();
-      ++iteration;
-      return;
-    }
-    if (d.action == guard::Action::kPause) {
-      optimizer->zero_grad();
-      ++iteration;
-      pause_and_rollback(d, signals);
-      return;
-    }
-    last_grad_norm_host = s.grad_norm;
-  }
-  apply_update(grad_norm, found_inf, lr, is_log_step, loss);
+  r.loss = std::move(loss);
+  r.param_norms = optim::per_param_grad_norms(params);
+  r.grad_norm = r.param_norms.norm();
+  r.clip_bound = clip_bound();
+  return r;
 }
 
-void Trainer::State::apply_update(const torch::Tensor& grad_norm,
-                                  const std::optional<torch::Tensor>& found_inf_in, double lr,
-                                  bool is_log_step, const torch::Tensor& loss) {
-  double max_norm = cfg.optim.grad_clip;
-  if (guard && cfg.optim.clip_mode == "adaptive" && guard->baseline_ready()) {
-    // Adaptive clipping: a z-score bound on the running grad-norm statistics, never above the
-    // fixed global bound.
-    max_norm = std::min(
-        max_norm, guard->grad_norm_mean() + cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
-  }
-  optim::clip_grad_norm_(params, max_norm, grad_norm);
+// The global clipping bound of this step. Adaptive mode: a z-score bound on the running grad-norm
+// statistics of the applied steps, never above the fixed bound.
+double Trainer::State::clip_bound() const {
+  double bound = cfg.optim.grad_clip;
+  if (guard && cfg.optim.clip_mode == "adaptive" && guard->baseline_ready())
+    bound = std::min(
+        bound, guard->grad_norm_mean() + cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
+  return bound;
+}
+
+// One small host read per step, so the guard decides before the update touches the weights.
+// Without the guard every step is applied (a non-finite gradient is still refused on the device).
+Verdict Trainer::State::decide(const StepResult& r, double lr) {
+  Verdict v;
+  if (!guard) return v;
+  const auto start = Clock::now();
+  auto packed =
+      torch::cat({r.loss.reshape({1}), r.grad_norm.reshape({1}), layers->reduce(r.param_norms)})
+          .to(torch::kCPU, torch::kFloat64);
+  const double* p = packed.data_ptr<double>();
+  guard::StepSignals s;
+  s.step = counters.step;
+  s.loss = p[0];
+  s.grad_norm = p[1];
+  s.layer_grad_norms.assign(p + 2, p + packed.numel());
+  s.clipped = s.grad_norm > r.clip_bound;
+  if (scaler) s.loss_scale = scaler->scale().item<double>();
+  v.decision = guard->observe(s);
+  v.signals = {{"loss", finite_or_null(s.loss)},
+               {"grad_norm", finite_or_null(s.grad_norm)},
+               {"lr", lr},
+               {"clip_bound", r.clip_bound},
+               {"layer_grad_norms", s.layer_grad_norms}};
+  if (v.action() == guard::Action::kApply && s.clipped) ++window.clipped;
+  window.guard_s += seconds_since(start);
+  if (v.action() == guard::Action::kAbort) stop(v.decision);
+  record_events(v.decision);
+  return v;
+}
+
+// A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
+void Trainer::State::reject(const Verdict& v, const StepResult& r) {
+  if (scaler && r.found_inf) scaler->update(*r.found_inf);
+  optimizer->zero_grad();
+  ++counters.iteration;
+  if (v.action() == guard::Action::kPause) pause_and_rollback(v);
+}
+
+// Clips, steps the optimizer and counts the update. At log steps it returns the per-layer
+// update/parameter ratios |Δw|/|w| (empty otherwise).
+std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr, bool log_step) {
+  optim::clip_grad_norm_(params, r.clip_bound, r.grad_norm);
   // A non-finite gradient never reaches the weights: the update is skipped on the device.
-  torch::Tensor non_finite = grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
-  torch::Tensor found_inf = found_inf_in ? torch::maximum(*found_inf_in, non_finite) : non_finite;
+  torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
+  torch::Tensor found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
 
   std::vector<torch::Tensor> before;
-  if (is_log_step) before = torch::_foreach_mul(params, 1.0);  // snapshot for the update ratio
-
+  if (log_step) before = torch::_foreach_mul(params, 1.0);  // snapshot for the update ratio
   optimizer->step(lr, found_inf);
   if (scaler) scaler->update(found_inf);
   optimizer->zero_grad();
-  grad_norm_window->push(grad_norm);
-  ++step;
-  ++iteration;
-  ++steps_since_log;
+  grad_norm_window->push(r.grad_norm);
+  ++counters.step;
+  ++counters.iteration;
+  ++window.steps;
   if (guard)
-    if (auto e = guard->after_update(step)) event(e->kind, e->detail);
+    if (auto e = guard->after_update(counters.step)) event(e->kind, e->detail);
+  if (!log_step) return {};
 
-  if (is_log_step) {
-    auto delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
-    auto param_norms = torch::stack(torch::_foreach_norm(params));
-    auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
-    double total_ratio = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).item<double>();
-    auto ratios_cpu = layer_ratio.to(torch::kCPU).to(torch::kFloat64);
-    std::vector<double> ratios(ratios_cpu.data_ptr<double>(),
-                               ratios_cpu.data_ptr<double>() + ratios_cpu.numel());
-    log_step(loss, grad_norm, lr, ratios, total_ratio);
-  }
+  auto delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
+  auto param_norms = torch::stack(torch::_foreach_norm(params));
+  auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
+  auto total = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).reshape({1});
+  auto host = torch::cat({total, layer_ratio}).to(torch::kCPU, torch::kFloat64);
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
-void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& grad_norm, double lr,
-                              const std::vector<double>& update_ratios, double update_ratio) {
-  last_loss = loss.item<double>();
-  double elapsed = seconds_since(log_window_start);
-  double norm = grad_norm.item<double>();
-  double tokens_per_s = steps_since_log * tokens_per_step / std::max(elapsed, 1e-9);
-  double step_ms = elapsed * 1e3 / std::max<int64_t>(steps_since_log, 1);
+// One metrics line (and the progress line) for the logging window that ends with this step.
+// `update_ratios` is {total, per layer...} from apply_update.
+void Trainer::State::record_step(const StepResult& r, double lr,
+                                 const std::vector<double>& update_ratios) {
+  last_loss = r.loss.item<double>();
+  const double norm = r.grad_norm.item<double>();
+  const double elapsed = seconds_since(window.start);
+  const int64_t steps = std::max<int64_t>(window.steps, 1);
+  const double tokens_per_s = window.steps * tokens_per_step / std::max(elapsed, 1e-9);
+  const double step_ms = elapsed * 1e3 / steps;
+  const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
   data::LoaderStats loader = train_data->take_stats();
   // The guard's periodic signals (update ratios, attention drift) count toward its time too.
   std::vector<guard::GuardEvent> periodic;
   if (guard) {
-    const auto guard_start = Clock::now();
-    periodic = guard->observe_periodic(step, update_ratios, model->attention_output_std());
-    guard_s += seconds_since(guard_start);
+    const auto start = Clock::now();
+    periodic = guard->observe_periodic(counters.step, layer_ratios, model->attention_output_std());
+    window.guard_s += seconds_since(start);
   }
   if (loader.waits > 0)
     event("loader_wait", {{"wait_ms", loader.wait_ms}, {"waits", loader.waits}});
 
   monitor::JsonRecord rec;
-  rec.add("step", step)
+  rec.add("step", counters.step)
       .add("loss", last_loss)
       .add("lr", lr)
       .add("grad_norm", norm)
       .add("grad_norm_median", guard ? guard->grad_norm_median() : grad_norm_window->median())
-      .add("clipped", norm > cfg.optim.grad_clip)
-      .add("update_ratio", update_ratio)
+      .add("clipped", norm > r.clip_bound)
+      .add("clip_bound", r.clip_bound)
+      .add("update_ratio", update_ratios.front())
       .add("tokens_per_s", tokens_per_s)
       .add("step_ms", step_ms)
-      .add("loader_wait_ms", (loader_wait_s * 1e3 + 0.0) / std::max<int64_t>(steps_since_log, 1))
-      .add("guard_ms", guard_s * 1e3 / std::max<int64_t>(steps_since_log, 1))
+      .add("loader_wait_ms", window.loader_wait_s * 1e3 / steps)
+      .add("guard_ms", window.guard_s * 1e3 / steps)
       .add("queue_depth", loader.queue_depth);
+  if (guard) rec.add("clip_rate", static_cast<double>(window.clipped) / steps);
   if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
-  rec.add("tokens_seen",
-          micro_taken * cfg.data.micro_batch_size * comm.world_size() * cfg.model.seq_len)
-      .add("samples_seen", micro_taken * cfg.data.micro_batch_size * comm.world_size());
+  const int64_t samples = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
+  rec.add("tokens_seen", samples * cfg.model.seq_len).add("samples_seen", samples);
   if (guard) {
     nlohmann::json per_layer = nlohmann::json::object();
-    for (size_t i = 0; i < update_ratios.size(); ++i)
-      per_layer[layers->names()[i]] = update_ratios[i];
+    for (size_t i = 0; i < layer_ratios.size(); ++i)
+      per_layer[layers->names()[i]] = layer_ratios[i];
     rec.add("update_ratio_layers", per_layer);
-    if (guard->in_recovery(step)) rec.add("recovery", true);
+    if (guard->in_recovery(counters.step)) rec.add("recovery", true);
   }
   files.metrics.write(rec);
-
   for (auto& e : periodic) event(e.kind, e.detail);
 
   monitor::ProgressSample ps;
-  ps.step = step;
+  ps.step = counters.step;
   ps.max_steps = cfg.run.max_steps;
   ps.loss = last_loss;
   ps.lr = lr;
@@ -384,46 +421,65 @@ void Trainer::State::log_step(const torch::Tensor& loss, const torch::Tensor& gr
   ps.step_ms = step_ms;
   ps.loss_floor = loss_floor.value_or(-1.0);
   progress->update(ps);
+  window.reset();
+}
 
-  check_consumed();
-  loader_wait_s = 0.0;
-  guard_s = 0.0;
-  steps_since_log = 0;
-  log_window_start = Clock::now();
+// The samples the loader took from the data order must match what the trainer asked for: a
+// silent loss or repeat of data would otherwise go unnoticed for days.
+void Trainer::State::check_consumed() {
+  auto counts =
+      torch::tensor({static_cast<double>(train_data->samples_served()),
+                     static_cast<double>(counters.micro_taken * cfg.data.micro_batch_size)},
+                    torch::kFloat64);
+  std::vector<torch::Tensor> t{counts.to(device)};
+  comm.all_reduce_sum_(t);
+  auto host = t[0].to(torch::kCPU);
+  const double served = host[0].item<double>(), expected = host[1].item<double>();
+  const double deviation = expected > 0 ? std::abs(served - expected) / expected : 0.0;
+  if (deviation <= cfg.data.consumed_tolerance) return;
+  event("abort", {{"reason", "consumed_mismatch"},
+                  {"samples_served", served},
+                  {"samples_expected", expected},
+                  {"deviation", deviation}});
+  throw RunStopped(fmt::format(
+      "data-count mismatch at step {}: the loader took {} samples from the data order but the "
+      "trainer consumed {} (deviation {:.1f} % > data.consumed_tolerance {:.1f} %)",
+      counters.step, static_cast<int64_t>(served), static_cast<int64_t>(expected), deviation * 100,
+      cfg.data.consumed_tolerance * 100));
 }
 
 double Trainer::State::evaluate() {
-  auto eval_start = Clock::now();
+  const auto eval_start = Clock::now();
   torch::NoGradGuard no_grad;
   model->eval();
   // The same validation samples every time, so successive evaluations are comparable.
-  auto source = make_source(cfg, comm.rank(), comm.world_size(), /*validation=*/true);
-  auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  torch::Tensor total = torch::zeros({}, fp32);
+  val_data->load_state(val_start);
+  torch::Tensor total =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   const int64_t batches = std::max<int64_t>(cfg.eval.batches, 1);
   for (int64_t i = 0; i < batches; ++i) {
-    auto tokens = source->next().tokens.to(device);
+    auto tokens = val_data->next().tokens.to(device);  // (B, T+1)
     optim::AutocastScope autocast(device.type(), precision);
     total += model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1)).ce_loss;
   }
   std::vector<torch::Tensor> t{total / static_cast<double>(batches)};
   comm.all_reduce_mean_(t);
   last_val_loss = t[0].item<double>();
-  last_eval_step = step;
+  counters.last_eval_step = counters.step;
   model->train();
 
   monitor::JsonRecord rec;
-  rec.add("step", step).add("val_loss", last_val_loss);
+  rec.add("step", counters.step).add("val_loss", last_val_loss);
   if (loss_floor) rec.add("floor", *loss_floor);
   files.eval.write(rec);
   // Eval time is not training time: keep it out of the next tokens/s figure.
-  log_window_start += std::chrono::duration_cast<Clock::duration>(Clock::now() - eval_start);
+  window.start += std::chrono::duration_cast<Clock::duration>(Clock::now() - eval_start);
   progress->finish();
   if (loss_floor)
-    log::info("eval", "step {}: val_loss {:.4f} (floor {:.4f}, gap {:.4f})", step, last_val_loss,
-              *loss_floor, last_val_loss - *loss_floor);
+    log::info("eval", "step {}: val_loss {:.4f} (floor {:.4f}, gap {:.4f})", counters.step,
+              last_val_loss, *loss_floor, last_val_loss - *loss_floor);
   else
-    log::info("eval", "step {}: val_loss {:.4f}", step, last_val_loss);
+    log::info("eval", "step {}: val_loss {:.4f}", counters.step, last_val_loss);
   return last_val_loss;
 }
 
@@ -436,35 +492,58 @@ Trainer::~Trainer() = default;
 void Trainer::run() {
   State& s = *s_;
   s.setup();
+  try {
+    loop();
+  } catch (const RecordError& e) {
+    // The record is gone (disk full, run directory removed): keep what training achieved if the
+    // checkpoint directory still takes it, then stop. The checkpoint's own events are not
+    // written: that file is what failed.
+    s.progress->finish();
+    log::error("train", "{}", e.what());
+    try {
+      if (s.last_checkpoint_step != s.counters.step) {
+        auto path = s.checkpointer->save(s.counters.step, s.capture(), /*stable=*/false);
+        s.checkpointer->wait();
+        log::error("train", "last checkpoint written to {}", path.string());
+      }
+    } catch (const std::exception& ce) {
+      log::error("train", "the last checkpoint could not be written either: {}", ce.what());
+    }
+    throw;
+  }
+}
+
+void Trainer::loop() {
+  State& s = *s_;
   const auto& cfg = s.cfg;
   const int64_t eval_every = cfg.eval.every_steps;
-  auto start = Clock::now();
-  bool resumed = s.resume();
-  if (!resumed) {
+  const auto start = Clock::now();
+  if (!s.resume()) {
     s.evaluate();
     // A rollback needs a target from the very start: the initial weights are stable by definition.
     if (s.guard && cfg.stability.rollback.enabled) s.save_checkpoint(/*stable=*/true);
   }
-  while (s.step < cfg.run.max_steps) {
+  while (s.counters.step < cfg.run.max_steps) {
     s.train_step();
-    bool last = s.step == cfg.run.max_steps;
-    bool due = eval_every > 0 && s.step % eval_every == 0 && s.step != s.last_eval_step;
+    const int64_t step = s.counters.step;
+    const bool last = step == cfg.run.max_steps;
+    const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;
     if (last || due) s.evaluate();
     s.maybe_checkpoint();
     if (int sig = g_stop_signal.load(); sig != 0 && !last) {
       s.progress->finish();
-      log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, s.step);
-      if (s.last_checkpoint_step != s.step) s.save_checkpoint(/*stable=*/false);
+      log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, step);
+      if (s.last_checkpoint_step != step) s.save_checkpoint(/*stable=*/false);
       s.checkpointer->wait();
       s.event("interrupted", {{"signal", sig}});
       throw Interrupted(sig);
     }
   }
-  if (s.last_checkpoint_step != s.step) s.save_checkpoint(/*stable=*/false);
+  if (s.last_checkpoint_step != s.counters.step) s.save_checkpoint(/*stable=*/false);
   s.checkpointer->wait();
   s.progress->finish();
-  double elapsed = seconds_since(start);
-  log::info("train", "done: {} steps in {}, final loss {:.4f}, val_loss {:.4f}", s.step,
+  const double elapsed = seconds_since(start);
+  log::info("train", "done: {} steps in {}, final loss {:.4f}, val_loss {:.4f}", s.counters.step,
             monitor::format_duration(elapsed), s.last_loss, s.last_val_loss);
   s.event("run_end", {{"seconds", elapsed},
                       {"loss", s.last_loss},

@@ -1,6 +1,7 @@
 // The training loop: wires config, data, model, optimizer, schedule and metric files together.
 // It reads top to bottom: setup, eval at step 0, then for each optimizer step the micro-batches,
-// unscale/all-reduce/clip, the update, one log line; eval at intervals and at the last step.
+// the measurements, the guard's decision, the update and its record (Trainer::State::train_step);
+// eval and checkpoints at intervals and at the last step.
 #pragma once
 
 #include <memory>
@@ -41,6 +42,8 @@ class Trainer {
   struct State;  // defined in trainer_state.h, shared by the trainer's .cpp files
 
  private:
+  void loop();  // resume or start, the steps, evals and checkpoints, the end
+
   std::unique_ptr<State> s_;
 };
 

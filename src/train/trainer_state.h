@@ -1,9 +1,11 @@
-// Internal to src/train: the trainer's live state, shared by trainer.cpp (the loop),
-// recovery.cpp (pause, forensics, rollback) and snapshot.cpp (checkpoint capture/restore).
+// Internal to src/train: the trainer's live state, shared by trainer.cpp (setup and the step
+// loop), recovery.cpp (pause, forensics, rollback) and snapshot.cpp (checkpoint capture/restore).
+// The counters live in TrainCounters (counters.h); everything else is grouped by the stage that
+// owns it.
 #pragma once
 
 #include <atomic>
-#include <chrono>
+#include <csignal>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -11,23 +13,43 @@
 #include <vector>
 
 #include "checkpoint/checkpointer.h"
+#include "common/clock.h"
 #include "config/schema.h"
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "guard/guard.h"
+#include "model/fused_ops.h"
 #include "model/transformer.h"
 #include "monitor/device_window.h"
 #include "monitor/progress.h"
 #include "monitor/run_files.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
+#include "train/counters.h"
 #include "train/faults.h"
 #include "train/layer_groups.h"
 #include "train/trainer.h"
 
 namespace keel::train {
 
-using Clock = std::chrono::steady_clock;
+// Process-wide settings a trainer changes in setup() (intra-op threads, the host allocator, the
+// CPU GEMM, deterministic algorithms, the SIGTERM/SIGINT handlers), put back as they were when the
+// trainer ends, so two trainers in one process (tests, tools) do not leak into each other.
+class ProcessSettings {
+ public:
+  ProcessSettings();
+  ~ProcessSettings();
+  ProcessSettings(const ProcessSettings&) = delete;
+  ProcessSettings& operator=(const ProcessSettings&) = delete;
+
+ private:
+  int threads_;
+  bool caching_allocator_;
+  model::CpuMatmul cpu_matmul_;
+  bool deterministic_;
+  struct sigaction sigterm_ {};
+  struct sigaction sigint_ {};
+};
 
 // Per-sample losses of the current optimizer step, for the top-k forensics of a pause.
 struct StepSamples {
@@ -39,79 +61,107 @@ struct StepSamples {
   }
 };
 
+// What one step's backward pass produced, measured, up to the guard's decision.
+struct StepResult {
+  torch::Tensor loss;                      // () mean cross-entropy over the step's micro-batches
+  std::optional<torch::Tensor> found_inf;  // fp16: the scaler's overflow flag (device)
+  torch::Tensor param_norms;               // (P) per-parameter gradient L2 norms
+  torch::Tensor grad_norm;                 // () global L2 norm, before clipping
+  double clip_bound = 0.0;                 // the bound clipping applies this step
+};
+
+// The guard's decision on a step, with the signals it was taken on (for events and forensics).
+struct Verdict {
+  guard::Decision decision;
+  nlohmann::json signals;
+  guard::Action action() const { return decision.action; }
+};
+
+// Timings and counts accumulated between two log steps.
+struct LogWindow {
+  double loader_wait_s = 0.0;
+  double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
+  int64_t steps = 0;     // applied updates
+  int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
+  Clock::time_point start = Clock::now();
+  void reset() { *this = LogWindow(); }
+};
+
 struct Trainer::State {
   State(const config::Config& c, std::string yaml, TrainOptions o, dist::Communicator& cm)
       : cfg(c), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
 
-  // ---- setup (trainer.cpp)
+  // ---- setup and the step (trainer.cpp)
   void setup();
   void train_step();
-  void apply_update(const torch::Tensor& grad_norm, const std::optional<torch::Tensor>& found_inf,
-                    double lr, bool is_log_step, const torch::Tensor& loss);
-  void log_step(const torch::Tensor& loss, const torch::Tensor& grad_norm, double lr,
-                const std::vector<double>& update_ratios, double update_ratio);
+  bool is_log_step() const;
+  torch::Tensor forward_backward(bool keep_samples);
+  StepResult measure(torch::Tensor loss);
+  double clip_bound() const;
+  Verdict decide(const StepResult& r, double lr);
+  void reject(const Verdict& v, const StepResult& r);
+  std::vector<double> apply_update(const StepResult& r, double lr, bool log_step);
+  void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
   double evaluate();
   void event(const std::string& kind, const nlohmann::json& detail = nlohmann::json::object());
+  void record_events(const guard::Decision& d);
+  [[noreturn]] void stop(const guard::Decision& d);
   void check_consumed();
   data::Batch next_batch();
 
   // ---- checkpoints (snapshot.cpp)
   checkpoint::CheckpointData capture() const;
-  // Restores model/optimizer/scaler/counters; the data position and guard only when asked.
+  // Restores model/optimizer/scaler/RNG and the step; the other counters, the data position and
+  // the guard only when asked.
   void restore(const checkpoint::CheckpointData& data, bool restore_data, bool restore_guard);
   void save_checkpoint(bool stable);
   void maybe_checkpoint();
   bool resume();  // true when a checkpoint was loaded
 
   // ---- pause and rollback (recovery.cpp)
-  void pause_and_rollback(const guard::Decision& decision, const nlohmann::json& signals);
+  void pause_and_rollback(const Verdict& v);
   void write_forensics(const nlohmann::json& signals);
 
+  // Configuration and collaborators.
   config::Config cfg;
   std::string resolved_yaml;
   TrainOptions options;
   dist::Communicator& comm;
-
+  std::unique_ptr<ProcessSettings> process_settings;  // restored when the trainer ends
   std::string run_dir;
+
+  // The model and its optimizer.
   torch::Device device = torch::kCPU;
   optim::Precision precision = optim::Precision::kFp32;
   model::Transformer model{nullptr};
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::vector<torch::Tensor> params;
+  std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::optional<optim::DynamicLossScaler> scaler;
+
+  // Data.
   std::unique_ptr<data::BatchSource> train_data;
+  std::unique_ptr<data::BatchSource> val_data;  // built once, rewound for every evaluation
+  nlohmann::json val_start;                     // val_data's state before its first batch
   std::optional<double> loss_floor;
+  std::unique_ptr<FaultInjector> faults;
+  int64_t samples_per_step = 0;
+  int64_t tokens_per_step = 0;
+
+  // Defences and the record.
+  std::unique_ptr<guard::Guard> guard;
+  std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   monitor::RunFiles files;
   std::unique_ptr<monitor::Progress> progress;
-  std::unique_ptr<monitor::DeviceWindow> grad_norm_window;
-  std::unique_ptr<guard::Guard> guard;
-  std::unique_ptr<FaultInjector> faults;
-  std::unique_ptr<LayerGroups> layers;
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   StepSamples step_samples;
+  LogWindow window;
 
-  // Counters. `step` is the number of updates in the current model lineage (rolls back);
-  // `iteration` counts step attempts and `micro_taken` micro-batches taken from this rank's data
-  // order — both only move forward.
-  int64_t step = 0;
-  int64_t iteration = 0;
-  int64_t micro_taken = 0;
-  int64_t quarantined_micro = 0;
-  int64_t tokens_per_step = 0;
-  int64_t samples_per_step = 0;
+  TrainCounters counters;
   int64_t last_checkpoint_step = -1;
-  int64_t last_eval_step = -1;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
-  double last_grad_norm_host = std::numeric_limits<double>::quiet_NaN();
-
-  // Accumulated between log steps.
-  double loader_wait_s = 0.0;
-  double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
-  int64_t steps_since_log = 0;
-  int64_t clipped_since_log = 0;
-  Clock::time_point log_window_start = Clock::now();
 };
 
 // Set by the SIGTERM/SIGINT handler; the loop checks it between steps.

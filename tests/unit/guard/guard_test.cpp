@@ -143,7 +143,11 @@ TEST(Guard, NanPolicyAbortStopsTheRun) {
   auto cfg = test_config();
   cfg.nan_policy = "abort";
   Guard g(cfg, {"a"});
-  EXPECT_THROW(g.observe(signals(0, std::nan(""))), RunStopped);
+  Decision d = g.observe(signals(0, std::nan("")));
+  EXPECT_EQ(d.action, Action::kAbort);
+  ASSERT_FALSE(d.events.empty());
+  EXPECT_EQ(d.events.back().kind, "abort");  // the trainer records it before it stops
+  EXPECT_NE(d.stop_message.find("nan_policy is abort"), std::string::npos) << d.stop_message;
 }
 
 TEST(Guard, RecoveryOverlayThenEnd) {
@@ -162,17 +166,54 @@ TEST(Guard, RecoveryOverlayThenEnd) {
 
 TEST(Guard, MaxRollbacksStopsWithEveryIncident) {
   Guard g(test_config(), {"a"});
-  g.on_rollback(10, {{"step", 11}});
-  g.on_rollback(10, {{"step", 12}});
-  try {
-    g.on_rollback(10, {{"step", 13}});
-    FAIL() << "third rollback should stop the run";
-  } catch (const RunStopped& e) {
-    std::string what = e.what();
-    EXPECT_NE(what.find("max_rollbacks=2"), std::string::npos) << what;
-    EXPECT_NE(what.find("\"step\":11"), std::string::npos) << what;
-    EXPECT_NE(what.find("\"step\":13"), std::string::npos) << what;
+  EXPECT_EQ(g.on_rollback(10, {{"step", 11}}).action, Action::kApply);
+  EXPECT_EQ(g.on_rollback(10, {{"step", 12}}).action, Action::kApply);
+  Decision d = g.on_rollback(10, {{"step", 13}});
+  ASSERT_EQ(d.action, Action::kAbort) << "third rollback should stop the run";
+  const std::string& what = d.stop_message;
+  EXPECT_NE(what.find("max_rollbacks=2"), std::string::npos) << what;
+  EXPECT_NE(what.find("\"step\":11"), std::string::npos) << what;
+  EXPECT_NE(what.find("\"step\":13"), std::string::npos) << what;
+  ASSERT_EQ(d.events.size(), 1u);
+  EXPECT_EQ(d.events[0].kind, "abort");
+  EXPECT_EQ(d.events[0].detail["reason"], "max_rollbacks");
+  EXPECT_EQ(d.events[0].detail["incidents"].size(), 3u);
+}
+
+// A guard restored from state() decides exactly as the one it was taken from: inside a clip-rate
+// warn window (suppressed repeats), with a loss-scale history, and inside recovery.
+TEST(Guard, RestoredStateDecidesExactlyAsTheOriginal) {
+  auto cfg = test_config();
+  cfg.clip_rate_warn = 0.5;
+  Guard a(cfg, {"a", "b"});
+  auto feed = [](Guard& g, int64_t step) {
+    StepSignals s = signals(step, 1.0 + 0.01 * (step % 3));
+    s.layer_grad_norms = {0.5, 0.5};
+    s.clipped = true;  // always clipped: the clip-rate warning fires, then is suppressed
+    s.loss_scale = (step % 7 == 0) ? 1024.0 : 2048.0;  // drops and rises
+    return g.observe(s);
+  };
+  auto kinds = [](const Decision& d) {
+    std::string out;
+    for (const auto& e : d.events)
+      out += e.kind +
+             (e.detail.contains("signal") ? ":" + e.detail["signal"].get<std::string>() : "") + ",";
+    return out;
+  };
+  int64_t step = 0;
+  std::string history;
+  for (; step < 45; ++step) history += kinds(feed(a, step));
+  ASSERT_NE(history.find("warn:clip_rate"), std::string::npos) << history;
+  EXPECT_EQ(a.on_rollback(step, {{"step", step}}).action, Action::kApply);  // recovery starts
+
+  Guard b(cfg, {"a", "b"});
+  b.load_state(nlohmann::json::parse(a.state().dump()));  // through text, as a checkpoint does
+  for (int64_t i = 0; i < 60; ++i, ++step) {
+    EXPECT_EQ(kinds(feed(a, step)), kinds(feed(b, step))) << "step " << step;
+    EXPECT_EQ(a.lr_factor(step), b.lr_factor(step)) << "step " << step;
+    EXPECT_EQ(a.after_update(step + 1).has_value(), b.after_update(step + 1).has_value()) << step;
   }
+  EXPECT_EQ(a.state().dump(), b.state().dump());
 }
 
 TEST(Guard, PromotionNeedsACleanWindowOutsideRecovery) {
@@ -193,13 +234,65 @@ TEST(Guard, ClipRateWarnsOncePerWindow) {
   cfg.clip_rate_warn = 0.5;
   Guard g(cfg, {"a"});
   int warns = 0;
-  for (int64_t s = 0; s < 40; ++s) {
+  std::string message;
+  for (int64_t s = 0; s <= 40; ++s) {
     auto sig = signals(s, 1.0, 2.0, {1.0});
     sig.clipped = s % 4 != 0;  // 75 % of steps clip
     for (auto& e : g.observe(sig).events)
-      if (e.detail.value("signal", "") == "clip_rate") ++warns;
+      if (e.detail.value("signal", "") == "clip_rate") {
+        ++warns;
+        message = e.detail["message"];
+      }
   }
-  EXPECT_EQ(warns, 2);  // at step 19 and again a window later
+  EXPECT_EQ(warns, 2);  // at step 20 and again a window later
+  // What it saw, against what, and where to look.
+  EXPECT_NE(message.find("75 % of the last 20 steps"), std::string::npos) << message;
+  EXPECT_NE(message.find("look at the data"), std::string::npos) << message;
+}
+
+// Clipping during warmup is by design: the window must lie wholly after it before rates count.
+TEST(Guard, ClipRateIsSilentDuringAndJustAfterWarmup) {
+  auto cfg = test_config();
+  cfg.clip_rate_warn = 0.5;
+  Guard g(cfg, {"a"}, /*warmup_steps=*/30);
+  int64_t first_warn = -1;
+  for (int64_t s = 0; s < 80 && first_warn < 0; ++s) {
+    auto sig = signals(s, 1.0, 2.0, {1.0});
+    sig.clipped = true;
+    for (auto& e : g.observe(sig).events)
+      if (e.detail.value("signal", "") == "clip_rate") first_warn = s;
+  }
+  EXPECT_EQ(first_warn, 50);  // warmup 30 + a window of 20
+}
+
+// Attention statistics grow while a model learns: a trend that follows them stays quiet, a jump
+// that lasts warns after kDriftPersistence log steps, and nothing warns during warmup.
+TEST(Guard, AttentionDriftFollowsTheTrendAndWarnsOnALastingJump) {
+  Guard g(test_config(), {"a"}, /*warmup_steps=*/50);
+  auto drift_warns = [](const std::vector<GuardEvent>& events) {
+    int n = 0;
+    for (const auto& e : events) n += e.detail.value("signal", "") == "attention_drift";
+    return n;
+  };
+  double std_value = 0.05;
+  int warns = 0;
+  int64_t step = 10;
+  for (; step <= 1000; step += 10) {  // healthy: 8 % growth per log step, 2,000x overall
+    std_value *= 1.08;
+    warns += drift_warns(g.observe_periodic(step, {}, {std_value}));
+  }
+  EXPECT_EQ(warns, 0);
+  std_value *= 6;  // a lasting jump
+  int64_t warned_at = -1;
+  for (int i = 0; i < 6 && warned_at < 0; ++i, step += 10)
+    if (drift_warns(g.observe_periodic(step, {}, {std_value})) > 0) warned_at = i;
+  EXPECT_EQ(warned_at, kDriftPersistence - 1);
+
+  Guard early(test_config(), {"a"}, /*warmup_steps=*/500);
+  warns = 0;
+  for (int64_t s = 10; s < 500; s += 10)
+    warns += drift_warns(early.observe_periodic(s, {}, {s < 200 ? 0.05 : 0.5}));
+  EXPECT_EQ(warns, 0) << "no drift warning while the lr ramps up";
 }
 
 TEST(Guard, StateRoundTrips) {

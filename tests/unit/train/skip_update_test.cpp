@@ -66,18 +66,18 @@ TEST_P(SkipUpdate, NanGradientLeavesWeightsAndOptimizerStateBitIdentical) {
   s.setup();
 
   for (int i = 0; i < 5; ++i) s.train_step();
-  ASSERT_EQ(s.step, 5);
+  ASSERT_EQ(s.counters.step, 5);
   const auto before_model = copied(s.capture().model);
   const auto before_optimizer = copied(s.capture().optimizer);
   s.train_step();  // iteration 5: NaN gradient
-  EXPECT_EQ(s.step, 5) << "the skipped update must not count as a step";
-  EXPECT_EQ(s.iteration, 6);
+  EXPECT_EQ(s.counters.step, 5) << "the skipped update must not count as a step";
+  EXPECT_EQ(s.counters.iteration, 6);
   expect_same_tensors(before_model, s.capture().model, "model");
   expect_same_tensors(before_optimizer, s.capture().optimizer, "optimizer");
 
   // And the run goes on: the next attempt updates the weights again.
   s.train_step();
-  EXPECT_EQ(s.step, 6);
+  EXPECT_EQ(s.counters.step, 6);
   const auto next = s.capture();
   bool moved = false;
   for (const auto& [name, t] : before_model) moved |= !same_bits(t, next.model.at(name));

@@ -1,0 +1,36 @@
+// The trainer's counters: the one place they live, and the one way they go to and come from a
+// checkpoint's trainer_state.json (as torchtitan's TrainState). Nothing else reads them by key.
+#pragma once
+
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+namespace keel::train {
+
+struct TrainCounters {
+  // Updates applied in the current model lineage: a rollback moves it back.
+  int64_t step = 0;
+  // Step attempts (applied, skipped or rolled back); faults are keyed to it. Only moves forward.
+  int64_t iteration = 0;
+  // Micro-batches this rank has taken from its data order, trained on or not. Only moves forward.
+  int64_t micro_taken = 0;
+  // Of those, the micro-batches a rollback set aside (never trained on in this lineage).
+  int64_t quarantined_micro = 0;
+  // The step of the newest evaluation, so a resumed run does not evaluate the same step twice.
+  int64_t last_eval_step = -1;
+
+  // Samples (and tokens) taken from the data order by all ranks together.
+  int64_t samples_seen(int64_t micro_batch_size, int64_t world_size) const {
+    return micro_taken * micro_batch_size * world_size;
+  }
+
+  // Writes the counters into `state` (a trainer_state object), with samples_seen and tokens_seen
+  // for people reading the file.
+  void to_json(nlohmann::json& state, int64_t micro_batch_size, int64_t world_size,
+               int64_t seq_len) const;
+  // Reads what to_json wrote; CheckpointError names a missing or mistyped counter.
+  static TrainCounters from_json(const nlohmann::json& state);
+};
+
+}  // namespace keel::train

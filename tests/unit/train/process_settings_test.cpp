@@ -1,0 +1,69 @@
+// A trainer changes process-wide settings in setup() (threads, host allocator, CPU GEMM,
+// deterministic algorithms, signal handlers); when it ends they are as they were, so a second
+// trainer in the same process (tests, tools) starts from a clean slate.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include "checkpoint/file_io.h"
+#include "common/host_allocator.h"
+#include "dist/communicator.h"
+#include "model/fused_ops.h"
+#include "train/trainer_state.h"
+
+namespace keel::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+void a_handler(int) {}
+
+TEST(ProcessSettings, TrainerPutsProcessWideSettingsBack) {
+  const fs::path run_dir =
+      fs::temp_directory_path() / ("keel_process_settings_" + std::to_string(::getpid()));
+  const int threads = at::get_num_threads();
+  const bool caching = caching_host_allocator_installed();
+  const model::CpuMatmul matmul = model::cpu_matmul();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  auto* previous_term = std::signal(SIGTERM, a_handler);
+
+  config::Config cfg;
+  cfg.run.device = "cpu";
+  cfg.run.max_steps = 2;
+  // Every setting the opposite of what the process has now.
+  cfg.run.threads = threads == 1 ? 2 : 1;
+  cfg.run.host_allocator = caching ? "system" : "caching";
+  cfg.run.cpu_matmul = matmul == model::CpuMatmul::kAten ? "onednn" : "aten";
+  cfg.run.deterministic = !deterministic;
+  cfg.model.d_model = 32;
+  cfg.model.seq_len = 16;
+  cfg.eval.every_steps = 0;
+  cfg.logging.progress = "off";
+  {
+    dist::SingleProcess comm;
+    TrainOptions options;
+    options.run_dir = run_dir.string();
+    Trainer::State s(cfg, "", options, comm);
+    s.setup();
+    ASSERT_EQ(at::get_num_threads(), cfg.run.threads);
+    ASSERT_NE(caching_host_allocator_installed(), caching);
+    ASSERT_NE(model::cpu_matmul(), matmul);
+    if (!deterministic) ASSERT_TRUE(at::globalContext().deterministicAlgorithms());
+    struct sigaction now {};
+    sigaction(SIGTERM, nullptr, &now);
+    ASSERT_NE(now.sa_handler, a_handler);  // the trainer's own handler is in
+    s.train_step();
+  }
+  EXPECT_EQ(at::get_num_threads(), threads);
+  EXPECT_EQ(caching_host_allocator_installed(), caching);
+  EXPECT_EQ(model::cpu_matmul(), matmul);
+  EXPECT_EQ(at::globalContext().deterministicAlgorithms(), deterministic);
+  EXPECT_EQ(std::signal(SIGTERM, previous_term), a_handler);
+
+  std::error_code ec;
+  checkpoint::remove_tree(run_dir, ec);
+}
+
+}  // namespace
+}  // namespace keel::train
