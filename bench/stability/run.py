@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ import sys
 import tempfile
 
 MAX_STEPS = 400
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # The base: the embedded tiny config with snapshots every 25 steps, every one a stable candidate,
 # a recovery overlay short enough to end inside the run, and a long eval for a precise val loss.
@@ -62,9 +64,9 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run(keel, run_dir, sets):
-    cmd = [keel, "train", "--run-dir", run_dir]
-    for s in BASE + sets:
+def run(keel, run_dir, sets, base=BASE, config=None):
+    cmd = [keel, "train"] + ([config] if config else []) + ["--run-dir", run_dir]
+    for s in base + sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
@@ -73,13 +75,14 @@ def run(keel, run_dir, sets):
     story = [e for e in events if e["kind"] in STORY and not
              (e["kind"] == "warn" and "signal" in e.get("detail", {}))]
     end = next((e for e in events if e["kind"] == "run_end"), None)
-    final_val = evals[-1]["val_loss"] if evals and evals[-1]["step"] == MAX_STEPS else None
+    final_val = evals[-1]["val_loss"] if evals and (base is not BASE or evals[-1]["step"] == MAX_STEPS) else None
     # Step attempts in all: the run_end event's iteration counter (rollbacks and skips included).
     iterations = end["iteration"] if end else None
     rollbacks = [e for e in events if e["kind"] == "rollback"]
     # Steps redone: the model went back from from_step to to_step and trained them again.
     redone = sum(e["detail"]["from_step"] - e["detail"]["to_step"] for e in rollbacks)
     detection = next((e["step"] for e in story if e["kind"] in ("warn", "pause", "skip_nan")), None)
+    first = first_alarms(events)
     tps = [m["tokens_per_s"] for m in metrics[2:] if m.get("tokens_per_s")]
     return {
         "exit": proc.returncode,
@@ -87,6 +90,11 @@ def run(keel, run_dir, sets):
         "last_loss": metrics[-1]["loss"] if metrics else None,
         "story": [e["kind"] for e in story],
         "detection": detection,
+        "first": first,
+        "warns_after_warmup": sum(1 for e in events if e["kind"] == "warn" and
+                                  e["step"] > warmup_of(run_dir)),
+        "warns": sum(1 for e in events if e["kind"] == "warn"),
+        "pauses": sum(1 for e in events if e["kind"] == "pause"),
         "rollbacks": len(rollbacks),
         "redone": redone,
         "iterations": iterations,
@@ -94,6 +102,106 @@ def run(keel, run_dir, sets):
         "tokens_per_s": statistics.median(tps) if tps else None,
         "tail": proc.stdout[-2000:],
     }
+
+
+def first_alarms(events):
+    """The first step each signal alarmed at (warn or pause), by signal name."""
+    first = {}
+    for e in events:
+        d = e.get("detail", {})
+        if e["kind"] == "warn":
+            name = d.get("signal") or d.get("alarm", "grad_norm")
+        elif e["kind"] == "pause":
+            name = "pause:" + d.get("reason", "?")
+        elif e["kind"] == "skip_nan":
+            name = "non_finite"
+        else:
+            continue
+        first.setdefault(name, e["step"])
+    return first
+
+
+def lead_times(first):
+    """Each signal's lead over the loss alarm (steps; positive = earlier), as text."""
+    loss_steps = [v for k, v in first.items() if k in ("loss", "pause:loss")]
+    parts = []
+    for name, step in sorted(first.items(), key=lambda kv: kv[1]):
+        lead = f", lead {min(loss_steps) - step:+d}" if loss_steps else ""
+        parts.append(f"{name} @{step}{lead}")
+    return "; ".join(parts) or "—"
+
+
+def warmup_of(run_dir):
+    """The run's warmup, from the config it resolved (config.resolved.yaml)."""
+    path = os.path.join(run_dir, "config.resolved.yaml")
+    if os.path.exists(path):
+        m = re.search(r"^\s*warmup_steps:\s*(\d+)", open(path).read(), re.M)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+# Clean runs under each config's own defaults, for the false-alarm table: only the seed, the data
+# path and (for fortunes) a shorter run are set, so what is measured is what a user gets.
+FALSE_ALARM_CONFIGS = {
+    "tiny (synthetic)": {"config": None, "sets": []},
+    "tiny on text shards": {"config": None,
+                            "sets": ["data.source=shards", "data.path={data}",
+                                     "model.vocab_size=264"]},
+    "fortunes": {"config": "configs/fortunes.yaml",
+                 "sets": ["data.path={data}", "run.max_steps={fortunes_steps}"]},
+}
+FALSE_ALARM_BEGIN, FALSE_ALARM_END = "<!-- false-alarms:begin -->", "<!-- false-alarms:end -->"
+
+
+def prepare_fortunes(keel, out):
+    """keel prepare over Debian's fortunes corpus (as configs/fortunes.yaml describes)."""
+    if os.path.exists(os.path.join(out, "meta.json")):
+        return
+    cmd = [keel, "prepare", "--input", "/usr/share/games/fortunes", "--output", out,
+           "--separator", "%", "--cluster", "source", "--seq-len", "256", "--val-fraction", "0.05"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def false_alarm_runs(keel, work, data, seeds, fortunes_seeds, fortunes_steps, configs):
+    rows = {}
+    for name in configs:
+        spec = FALSE_ALARM_CONFIGS[name]
+        n = fortunes_seeds if name == "fortunes" else seeds
+        runs = []
+        for seed in range(1, n + 1):
+            sets = [x.format(data=data, fortunes_steps=fortunes_steps) for x in spec["sets"]]
+            sets += [f"run.seed={seed}", "logging.progress=off"]
+            config = os.path.join(ROOT, spec["config"]) if spec["config"] else None
+            run_dir = os.path.join(work, "clean", name.replace(" ", "_"), str(seed))
+            print(f"-- clean {name} seed {seed}", file=sys.stderr, flush=True)
+            r = run(keel, run_dir, sets, base=[], config=config)
+            print(f"   exit {r['exit']} warns {r['warns']} ({r['warns_after_warmup']} after warmup)"
+                  f" pauses {r['pauses']}", file=sys.stderr, flush=True)
+            r["seed"] = seed
+            runs.append(r)
+        rows[name] = runs
+    return rows
+
+
+def false_alarm_section(rows, fortunes_steps):
+    lines = [FALSE_ALARM_BEGIN, "", "## False alarms on clean data", "",
+             f"Measured {datetime.date.today().isoformat()}: clean runs under each config's defaults "
+             "(only the seed and the data path set; fortunes shortened to "
+             f"{fortunes_steps} steps, its cosine compressed with it). Reproduce with",
+             "", "```", "python3 bench/stability/run.py --keel build/keel --only-false-alarms", "```",
+             "", "| config | seeds | exit codes | warns (all) | warns after warmup | pauses | final val |",
+             "|---|---|---|---|---|---|---|"]
+    for name, runs in rows.items():
+        vals = [fmt_val(r["final_val"]) for r in runs]
+        lines.append(f"| {name} | {len(runs)} | {', '.join(str(r['exit']) for r in runs)} | "
+                     f"{sum(r['warns'] for r in runs)} | {sum(r['warns_after_warmup'] for r in runs)} | "
+                     f"{sum(r['pauses'] for r in runs)} | {', '.join(vals)} |")
+    lines += ["", "A warning counts after warmup when its step is past `schedule.warmup_steps`. "
+              "Clip rate and activation drift are silent during warmup by design (they move while "
+              "the lr ramps up); the gradient-norm and loss alarms are on from the first full "
+              "baseline.", "", FALSE_ALARM_END, ""]
+    return "\n".join(lines)
 
 
 def fmt_val(v):
@@ -113,6 +221,14 @@ def main():
     ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--json", help="also write the raw figures of every run to this file")
+    ap.add_argument("--only-false-alarms", action="store_true",
+                    help="run only the clean false-alarm runs; replace that section of --out")
+    ap.add_argument("--no-false-alarms", action="store_true", help="skip the clean false-alarm runs")
+    ap.add_argument("--seeds", type=int, default=5, help="clean runs per config (false alarms)")
+    ap.add_argument("--fortunes-seeds", type=int, help="clean fortunes runs (default: --seeds)")
+    ap.add_argument("--fortunes-steps", type=int, default=300)
+    ap.add_argument("--false-alarm-configs", nargs="*", default=list(FALSE_ALARM_CONFIGS))
+    ap.add_argument("--data", help="prepared fortunes shards (prepared into the work dir if absent)")
     args = ap.parse_args()
     keel = os.path.abspath(args.keel)
     work = tempfile.mkdtemp(prefix="keel_stability_")
@@ -125,16 +241,39 @@ def main():
             print(f"   exit {r['exit']} val {fmt_val(r['final_val'])} story {r['story']}",
                   file=sys.stderr, flush=True)
 
-        go("clean", [])
-        go("clean_guard_off", ["stability.enabled=false"])
-        for s in args.scenarios:
-            go(f"{s}/unprotected", SCENARIOS[s] + ["stability.enabled=false"])
-            go(f"{s}/protected", SCENARIOS[s])
+        if not args.only_false_alarms:
+            go("clean", [])
+            go("clean_guard_off", ["stability.enabled=false"])
+            for s in args.scenarios:
+                go(f"{s}/unprotected", SCENARIOS[s] + ["stability.enabled=false"])
+                go(f"{s}/protected", SCENARIOS[s])
+        false_alarms = None
+        if not args.no_false_alarms:
+            data = args.data or os.path.join(work, "fortunes_data")
+            prepare_fortunes(keel, data)
+            false_alarms = false_alarm_runs(keel, work, data, args.seeds,
+                                            args.fortunes_seeds or args.seeds, args.fortunes_steps,
+                                            args.false_alarm_configs)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"run directories kept in {work}", file=sys.stderr)
+
+    fa_section = false_alarm_section(false_alarms, args.fortunes_steps) if false_alarms else ""
+    if args.only_false_alarms:
+        old = open(args.out).read() if args.out and os.path.exists(args.out) else ""
+        if FALSE_ALARM_BEGIN in old:
+            head, rest = old.split(FALSE_ALARM_BEGIN, 1)
+            tail = rest.split(FALSE_ALARM_END, 1)[1].lstrip("\n") if FALSE_ALARM_END in rest else ""
+            report = head + fa_section + tail
+        else:
+            report = old.rstrip("\n") + "\n\n" + fa_section
+        print(fa_section)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(report)
+        return 0 if check_false_alarms(false_alarms) else 1
 
     clean = results["clean"]["final_val"]
     lines = [
@@ -150,8 +289,8 @@ def main():
         "",
         "Settings shared by every run (on top of `configs/tiny.yaml`): `" + "`, `".join(BASE) + "`.",
         "",
-        "| scenario | fault | clean val | unprotected val (gap) | protected val (gap) | detected at step | rollbacks | steps redone | extra step attempts | protected run's events |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | fault | clean val | unprotected val (gap) | protected val (gap) | detected at step | rollbacks | steps redone | extra step attempts | protected run's events | signals: first step, lead over the loss alarm |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in args.scenarios:
         u, p = results[f"{s}/unprotected"], results[f"{s}/protected"]
@@ -166,7 +305,7 @@ def main():
         lines.append(
             f"| {s} | `{fault}` | {fmt_val(clean)} | {unprot} | {prot} | "
             f"{p['detection'] if p['detection'] is not None else '—'} | {p['rollbacks']} | "
-            f"{p['redone']} | {extra} | {' → '.join(p['story']) or '—'} |")
+            f"{p['redone']} | {extra} | {' → '.join(p['story']) or '—'} | {lead_times(p['first'])} |")
     same = results["clean_guard_off"]["final_val"] == clean
     lines += [
         "",
@@ -189,8 +328,12 @@ def main():
         "Guard overhead on step time is measured by `bench/run.sh` (alternating pairs), in",
         "[benchmarks.md](benchmarks.md).",
         "",
+        "*Signals*: the first step each signal alarmed at in the protected run (`grad_norm` and",
+        "`loss` are the per-step alarms' warns, `pause:REASON` the pause, `non_finite` a skipped",
+        "NaN step) and its lead over the loss alarm (positive: earlier).",
+        "",
     ]
-    report = "\n".join(lines)
+    report = "\n".join(lines) + ("\n" + fa_section if fa_section else "")
     print(report)
     if args.out:
         with open(args.out, "w") as f:
@@ -202,7 +345,23 @@ def main():
     for name, r in results.items():
         if r["exit"] != 0:
             print(f"\n{name} exited {r['exit']}:\n{r['tail']}", file=sys.stderr)
-    return 0 if check(results) else 1
+    ok = check(results)
+    if false_alarms:
+        ok &= check_false_alarms(false_alarms)
+    return 0 if ok else 1
+
+
+def check_false_alarms(rows):
+    """Zero warns after warmup and zero pauses on every clean run."""
+    ok = True
+    for name, runs in rows.items():
+        for r in runs:
+            passed = r["exit"] == 0 and r["warns_after_warmup"] == 0 and r["pauses"] == 0
+            ok &= passed
+            print(f"{'PASS' if passed else 'FAIL'} clean {name} seed {r['seed']}: exit {r['exit']}, "
+                  f"{r['warns_after_warmup']} warns after warmup, {r['pauses']} pauses",
+                  file=sys.stderr)
+    return ok
 
 
 def check(results):

@@ -121,9 +121,9 @@ inline constexpr int64_t kMinBaselineSteps = 10;
 // Attention-output std this many times above or below its trend warns, after kDriftPersistence
 // log steps in a row (a lasting change, not one noisy reading).
 inline constexpr double kAttentionDriftFactor = 3.0;
-inline constexpr int64_t kDriftPersistence = 3;
-// Weight of the newest reading in the attention trend (per log step): slow enough that a fault
+inline constexpr int64_t kDriftPersistence = 2;
+// Weight of the newest reading in the attention trend (per log step): slow enough that a jump
 // stands out, fast enough to follow the growth of healthy training.
-inline constexpr double kAttentionTrendWeight = 0.1;
+inline constexpr double kAttentionTrendWeight = 0.3;
 
 }  // namespace keel::guard

@@ -1,0 +1,35 @@
+// Warnings that mean something: clean training under the defaults raises none after warmup.
+// (The fault scenarios that must still alarm are in resume_guard_test.cpp and record_test.cpp,
+// and measured with their lead times by bench/stability/run.py.)
+#include <gtest/gtest.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+// The embedded default config, untouched but for the seed: what a user who launches keel gets.
+TEST(WarningsIntegration, CleanTinyRunsRaiseNoWarningAfterWarmup) {
+  for (int seed : {1, 2, 3}) {
+    TempDir d("warnings_clean_" + std::to_string(seed));
+    auto r = run_keel("train --set logging.progress=off --set run.seed=" + std::to_string(seed) +
+                      " --run-dir " + d.str());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto resolved = YAML::LoadFile((d.path() / "config.resolved.yaml").string());
+    const int64_t warmup = resolved["schedule"]["warmup_steps"].as<int64_t>();
+    ASSERT_GT(warmup, 0);
+    for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+      EXPECT_NE(e["kind"], "pause") << "seed " << seed << ": " << e.dump();
+      if (e["kind"] == "warn")
+        EXPECT_LE(e["step"].get<int64_t>(), warmup) << "seed " << seed << ": " << e.dump();
+    }
+    auto metrics = read_jsonl(d.path() / "metrics.jsonl");
+    ASSERT_FALSE(metrics.empty());
+    EXPECT_EQ(metrics.back()["step"], 400) << "seed " << seed;
+  }
+}
+
+}  // namespace
+}  // namespace keel::testing
