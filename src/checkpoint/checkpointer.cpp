@@ -349,6 +349,14 @@ std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir,
                       [](const fs::path& dir) { return verify_checkpoint(dir); });
 }
 
+nlohmann::json read_trainer_state(const fs::path& dir) {
+  Manifest m = read_manifest(dir);
+  auto state = nlohmann::json::parse(load_text(dir, m, "trainer_state.json"), nullptr, false);
+  if (state.is_discarded())
+    throw CheckpointError((dir / "trainer_state.json").string() + ": not valid JSON");
+  return state;
+}
+
 CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   Manifest m = read_manifest(dir);
   if (m.world_size != world_size)
@@ -580,6 +588,49 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& whi
   });
   if (!path) return std::nullopt;
   return LoadedCheckpoint{*path, std::move(*data)};
+}
+
+std::optional<fs::path> Checkpointer::newest_written() {
+  wait();
+  for (const auto& e : list_checkpoints(dir_))
+    if (e.manifest_ok) return e.path;
+  return std::nullopt;
+}
+
+fs::path Checkpointer::abandon_after(int64_t step) {
+  wait();
+  if (rank_ != 0) return {};
+  std::vector<Entry> newer;
+  for (auto& e : list_checkpoints(dir_))
+    if (e.step > step) newer.push_back(e);
+  if (newer.empty()) return {};
+  std::string stamp = utc_now_iso(std::chrono::system_clock::now());
+  std::replace(stamp.begin(), stamp.end(), ':', '-');
+  fs::path timeline = dir_ / "abandoned" / (stamp + "-after-" + step_dir_name(step));
+  for (int n = 2; fs::exists(timeline); ++n)
+    timeline =
+        dir_ / "abandoned" / (stamp + "-after-" + step_dir_name(step) + "-" + std::to_string(n));
+  std::error_code ec;
+  fs::create_directories(timeline, ec);
+  if (ec) throw CheckpointError(timeline.string() + ": cannot create: " + ec.message());
+  for (const auto& e : newer)
+    if (::rename(e.path.c_str(), (timeline / e.name).c_str()) != 0)
+      throw CheckpointError("cannot move " + e.path.string() + " to " + timeline.string() + ": " +
+                            std::strerror(errno));
+  fsync_dir(timeline);
+  if (fs::is_directory(dir_ / step_dir_name(step)))
+    replace_file_atomic(dir_ / "LATEST", step_dir_name(step) + "\n");
+  fsync_dir(dir_);
+  log::warn("ckpt", "moved {} checkpoint(s) of the abandoned timeline after step {} to {}",
+            newer.size(), step, timeline.string());
+  // Retention: the newest kKeepAbandoned timelines stay (their names sort by time).
+  std::vector<fs::path> timelines;
+  for (const auto& de : fs::directory_iterator(dir_ / "abandoned", ec))
+    if (de.is_directory() && de.path().filename().string().find(".tmp-") == std::string::npos)
+      timelines.push_back(de.path());
+  std::sort(timelines.begin(), timelines.end());
+  for (size_t i = 0; i + kKeepAbandoned < timelines.size(); ++i) remove_quietly(timelines[i]);
+  return timeline;
 }
 
 void Checkpointer::apply_retention() {

@@ -99,6 +99,9 @@ VerifyResult verify_checkpoint(const std::filesystem::path& dir);
 std::optional<std::filesystem::path> resolve_checkpoint(
     const std::filesystem::path& checkpoints_dir, const std::string& which);
 
+// The trainer_state.json of a checkpoint (its checksum verified), without reading the tensors.
+nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+
 // Verifies the files this rank needs (MANIFEST, model, trainer_state, config, this rank's
 // optimizer/extra) while reading them, in one pass; CheckpointError names the failing file.
 // Throws when the checkpoint was written with a different world size (resharding: TODO(#ckpt)).
@@ -146,6 +149,16 @@ class Checkpointer {
   // which = latest|stable: the first candidate resolve() would consider that loads, read (and so
   // verified) once — a rollback does not hash the snapshot twice at its worst moment.
   std::optional<LoadedCheckpoint> load_newest(const std::string& which);
+
+  // Moves every checkpoint newer than `step` (an abandoned timeline: the run went back to the
+  // snapshot at `step`) into dir()/abandoned/<UTC time>-after-step_N/, so the new timeline's saves
+  // of the same step numbers never replace them and the state before the trouble can still be
+  // examined; LATEST then names step_N. Retention keeps the newest kKeepAbandoned timelines.
+  // Returns the folder (empty when nothing was newer). rank 0 does the work.
+  std::filesystem::path abandon_after(int64_t step);
+  // The most recently written checkpoint whose MANIFEST reads (not verified further), if any.
+  std::optional<std::filesystem::path> newest_written();
+  static constexpr int kKeepAbandoned = 2;
 
   const std::filesystem::path& dir() const { return dir_; }
 

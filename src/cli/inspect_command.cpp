@@ -11,6 +11,7 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/tensor_file.h"
 #include "cli/commands.h"
+#include "cli/resume_plan.h"
 #include "common/error.h"
 
 namespace keel::cli {
@@ -49,9 +50,17 @@ std::string config_summary(const fs::path& file) {
   }
 }
 
-int inspect(const fs::path& arg) {
+int inspect(fs::path arg) {
   std::error_code ec;
   if (!fs::is_directory(arg, ec)) throw CheckpointError(arg.string() + ": no such directory");
+  fs::path run_dir;
+  // A run directory: its checkpoints/, and what each resume would do there.
+  if (!fs::exists(arg / "MANIFEST.json", ec) && fs::is_directory(arg / "checkpoints", ec)) {
+    run_dir = arg;
+    arg /= "checkpoints";
+  }
+  if (!fs::exists(arg / "MANIFEST.json", ec))
+    std::cout << describe_resume(arg, run_dir.empty() ? arg.parent_path() : run_dir);
   fs::path dir = arg;
   if (!fs::exists(arg / "MANIFEST.json", ec)) {
     auto r = checkpoint::resolve_checkpoint(arg, "latest");
@@ -102,7 +111,9 @@ int inspect(const fs::path& arg) {
 void register_inspect(CLI::App& app, int& exit_code) {
   auto dir = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("inspect", "what a checkpoint holds, and whether it verifies");
-  sub->add_option("CHECKPOINT_DIR", *dir, "a step_N directory, or a checkpoints directory (LATEST)")
+  sub->add_option("CHECKPOINT_DIR", *dir,
+                  "a step_N directory, a checkpoints directory (LATEST), or a run directory (its "
+                  "checkpoints, and what --resume latest|stable would load)")
       ->required();
   sub->callback([dir, &exit_code] { exit_code = inspect(*dir); });
 }

@@ -16,7 +16,12 @@ void register_train(CLI::App& app, int& exit_code) {
   sub->add_option("--run-dir", options->run_dir, "run directory (default: run.out_dir/run.name)");
   sub->add_option("--resume", options->resume,
                   "latest | stable | a checkpoint directory; `latest` with no checkpoint yet "
-                  "starts fresh, so a restart loop can always pass it");
+                  "starts fresh, so a restart loop can always pass it; `stable` is a recovery "
+                  "(stability.recovery.on_resume)");
+  sub->add_option("--resume-data", options->resume_data,
+                  "a resume that is a recovery: `skip` sets the data consumed since the snapshot "
+                  "aside (quarantine.jsonl), `replay` trains on it again")
+      ->check(CLI::IsMember({"replay", "skip"}));
   sub->callback([args, options, &exit_code] {
     auto loaded = load(*args);
     config::ValidateOptions validate_options;

@@ -1,4 +1,5 @@
 #include <CLI/CLI.hpp>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -6,8 +7,11 @@
 
 #include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
+#include "cli/resume_plan.h"
+#include "train/trainer.h"
 
 namespace keel::cli {
+namespace fs = std::filesystem;
 
 void register_validate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConfigArgs>();
@@ -58,6 +62,9 @@ void register_validate(CLI::App& app, int& exit_code) {
                       loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
       print_diagnostics({d});
     }
+    // An existing run: what each --resume would do there.
+    const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
+    std::cout << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
     std::cout << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";
     exit_code = 0;
   });

@@ -111,6 +111,9 @@ struct RollbackConfig {
 struct RecoveryConfig {
   int64_t steps = 200;
   double lr_factor = 0.25;
+  // When a resume is a recovery (lr x lr_factor for `steps`): stable = `--resume stable` (and a
+  // crash-loop fallback to it), always = every resume, never = no resume.
+  std::string on_resume = "stable";  // stable|always|never
   bool operator==(const RecoveryConfig&) const = default;
 };
 
@@ -308,6 +311,7 @@ template <class V>
 void visit(V& v, RecoveryConfig& c) {
   v.field("steps", c.steps);
   v.field("lr_factor", c.lr_factor);
+  v.field("on_resume", c.on_resume);
 }
 template <class V>
 void visit(V& v, StabilityConfig& c) {

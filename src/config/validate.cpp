@@ -275,6 +275,7 @@ void check_stability(Checker& c, const StabilityConfig& s) {
   c.at_least("stability.rollback.skip_ahead_steps", s.rollback.skip_ahead_steps, 0);
   c.at_least("stability.recovery.steps", s.recovery.steps, 0);
   c.in_range("stability.recovery.lr_factor", s.recovery.lr_factor, 0, 1, Ends::kOpenLow);
+  c.one_of("stability.recovery.on_resume", s.recovery.on_resume, {"stable", "always", "never"});
   c.at_least("stability.top_k_samples", s.top_k_samples, 0);
 }
 

@@ -262,10 +262,14 @@ Decision Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
         "; incidents:" + summary;
     return d;
   }
+  start_recovery(step);
+  return d;
+}
+
+void Guard::start_recovery(int64_t step) {
   recovery_until_ = step + cfg_.recovery.steps;
   recovery_announced_ = cfg_.recovery.steps == 0;
   consecutive_nan_ = 0;
-  return d;
 }
 
 double Guard::lr_factor(int64_t step) const {

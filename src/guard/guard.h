@@ -72,6 +72,9 @@ class Guard {
   // Past rollback.max_rollbacks the decision is kAbort, with every incident in its message.
   Decision on_rollback(int64_t step, const nlohmann::json& incident);
 
+  // Starts the recovery overlay for the recovery.steps updates after `step` without counting a
+  // rollback (a resume that is a recovery).
+  void start_recovery(int64_t step);
   // Multiplier on the scheduled lr for the update with index `step` (recovery overlay).
   double lr_factor(int64_t step) const;
   bool in_recovery(int64_t step) const { return step < recovery_until_; }

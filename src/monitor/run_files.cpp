@@ -76,6 +76,7 @@ RunFiles RunFiles::open(const std::string& run_dir, bool writer, bool sample_ids
     files.metrics = JsonlFile(run_dir + "/metrics.jsonl");
     files.events = JsonlFile(run_dir + "/events.jsonl");
     files.eval = JsonlFile(run_dir + "/eval.jsonl");
+    files.quarantine = JsonlFile(run_dir + "/quarantine.jsonl");
     if (sample_ids) files.samples = JsonlFile(run_dir + "/samples.jsonl");
   }
   return files;

@@ -34,7 +34,8 @@ void write_record_file(const std::string& path, const std::string& text);
 
 struct RunFiles {
   JsonlFile metrics, events, eval;
-  JsonlFile samples;  // samples.jsonl, only when asked for (logging.sample_ids)
+  JsonlFile samples;     // samples.jsonl, only when asked for (logging.sample_ids)
+  JsonlFile quarantine;  // quarantine.jsonl: every sample set aside, with why
   // Opens the files under run_dir for appending (a resumed run continues them) when `writer` is
   // true, else discards everything.
   static RunFiles open(const std::string& run_dir, bool writer, bool sample_ids = false);

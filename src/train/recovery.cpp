@@ -2,6 +2,7 @@
 // quarantine of the data consumed since it, and the start of the recovery overlay.
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "checkpoint/tensor_file.h"
 #include "common/error.h"
@@ -52,6 +53,29 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
             samples.empty() ? 0.0 : samples[0]["loss"].get<double>());
 }
 
+void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason) {
+  // The losses this step measured, by sample id, for the records of the samples it held.
+  std::map<int64_t, double> measured;
+  for (size_t m = 0; m < step_samples.ids.size(); ++m) {
+    auto ids = step_samples.ids[m].to(torch::kCPU, torch::kInt64).contiguous();
+    auto losses = step_samples.losses[m].to(torch::kCPU, torch::kFloat64).contiguous();
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      measured[ids.data_ptr<int64_t>()[i]] = losses.data_ptr<double>()[i];
+  }
+  for (int64_t n = 0; n < micro_batches; ++n) {
+    const data::Batch batch = train_data->next();
+    const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      const int64_t id = ids.data_ptr<int64_t>()[i];
+      monitor::JsonRecord rec;
+      rec.add("id", id).add("step", counters.step).add("iteration", counters.iteration);
+      rec.add("reason", reason);
+      if (auto it = measured.find(id); it != measured.end()) rec.add("loss", it->second);
+      files.quarantine.write(rec);
+    }
+  }
+}
+
 void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   const auto& events = verdict.decision.events;
   nlohmann::json detail = events.empty() ? nlohmann::json::object() : events.back().detail;
@@ -75,13 +99,14 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   restore(target->data, /*restore_data=*/replay, /*restore_guard=*/false);
   nlohmann::json quarantine = nullptr;
   if (!replay) {
-    // Skip-ahead: the data source moves on past the pause, counted as taken, so the
-    // consumed-vs-steps cross-check still holds and a resumed run skips the same window.
+    // The window since the stable snapshot (which held the offending samples) is set aside, each
+    // sample on record, plus skip_ahead_steps more; all count as taken, so the consumed-vs-steps
+    // cross-check still holds and a resumed run skips the same window.
     const int64_t ahead = cfg.stability.rollback.skip_ahead_steps * cfg.data.grad_accum_steps;
-    for (int64_t i = 0; i < ahead; ++i) {
-      (void)train_data->next();
-      ++counters.micro_taken;
-    }
+    const int64_t window = counters.micro_taken - stable_micro;
+    train_data->load_state(target->data.trainer_state.at("data"));
+    set_aside(window + ahead, "rollback");
+    counters.micro_taken += ahead;
     const int64_t micro = counters.micro_taken - stable_micro;
     counters.quarantined_micro += micro;
     quarantine = {{"micro_batches", micro},
@@ -90,6 +115,8 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
                   {"end_position", counters.micro_taken},
                   {"skipped_ahead", ahead}};
   }
+  // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
+  checkpointer->abandon_after(counters.step);
   nlohmann::json incident = {{"pause_step", from_step},
                              {"iteration", counters.iteration},
                              {"reason", detail.value("reason", "")},

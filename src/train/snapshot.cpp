@@ -145,20 +145,37 @@ void Trainer::State::maybe_checkpoint() {
 
 bool Trainer::State::resume() {
   if (options.resume.empty()) return false;
+  std::string which = options.resume;
+  // A restart loop that meets the same crash again: twice dead at one step since the newest
+  // checkpoint means resuming from it would die a third time.
+  std::optional<Heartbeat> crash;
+  if (which == "latest") {
+    if (auto newest = checkpointer->newest_written()) {
+      const int64_t newest_step = checkpoint::read_manifest(*newest).step;
+      crash = history.crash_loop_after(newest_step);
+      if (crash) {
+        log::warn("ckpt",
+                  "the run ended abnormally twice at step {} since checkpoint step {}: resuming "
+                  "from the newest stable snapshot instead, as a recovery",
+                  crash->step, newest_step);
+        which = "stable";
+      }
+    }
+  }
   std::optional<fs::path> path;
   checkpoint::CheckpointData data;
-  if (options.resume == "latest" || options.resume == "stable") {
-    auto loaded = checkpointer->load_newest(options.resume);  // read and verified once
+  if (which == "latest" || which == "stable") {
+    auto loaded = checkpointer->load_newest(which);  // read and verified once
     if (!loaded) {
-      log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", options.resume,
+      log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", which,
                 checkpointer->dir().string());
       return false;
     }
     path = loaded->path;
     data = std::move(loaded->data);
   } else {
-    path = checkpointer->resolve(options.resume);
-    if (!path) throw CheckpointError("--resume " + options.resume + ": no such checkpoint");
+    path = checkpointer->resolve(which);
+    if (!path) throw CheckpointError("--resume " + which + ": no such checkpoint");
     data = checkpointer->load(*path);
   }
 
@@ -176,8 +193,67 @@ bool Trainer::State::resume() {
   }
   restore(data, /*restore_data=*/true, /*restore_guard=*/true);
   log::info("ckpt", "resumed from {} at step {}", path->string(), counters.step);
-  event("resume", {{"path", path->string()}, {"from_step", counters.step}});
+  event("resume", {{"path", path->string()}, {"from_step", counters.step}, {"mode", which}});
+  const std::string& on_resume = cfg.stability.recovery.on_resume;
+  if (crash)
+    event("crash_loop", {{"died_at_step", crash->step},
+                         {"died_at_iteration", crash->iteration + 1},
+                         {"abnormal_ends", 2}});
+  if (crash || on_resume == "always" || (on_resume == "stable" && which == "stable"))
+    begin_resume_recovery(*path, crash ? "crash_loop" : "resume_" + which, crash);
   return true;
+}
+
+void Trainer::State::begin_resume_recovery(const fs::path& snapshot, const std::string& reason,
+                                           const std::optional<Heartbeat>& crash) {
+  const TrainCounters resumed = counters;
+  // Where the abandoned timeline got to: the newest checkpoint, or the crash if it got further.
+  TrainCounters reached = resumed;
+  std::string newest_name;
+  if (auto newest = checkpointer->newest_written(); newest && *newest != snapshot) {
+    reached = TrainCounters::from_json(checkpoint::read_trainer_state(*newest));
+    newest_name = newest->string();
+  }
+  if (crash && crash->micro_taken >= reached.micro_taken) {
+    // The step in flight when it died is set aside too: its data may be what kills the process.
+    reached.step = crash->step;
+    reached.iteration = crash->iteration + 1;
+    reached.micro_taken = crash->micro_taken + cfg.data.grad_accum_steps;
+  }
+  const int64_t discarded = std::max<int64_t>(reached.step - resumed.step, 0);
+  const int64_t window = std::max<int64_t>(reached.micro_taken - resumed.micro_taken, 0);
+  const bool skip = options.resume_data == "skip";
+  if (skip && window > 0) {
+    set_aside(window, reason);
+    counters.micro_taken += window;
+    counters.quarantined_micro += window;
+  }
+  // Attempts only move forward: faults keyed to them are not replayed.
+  counters.iteration = std::max(counters.iteration, reached.iteration);
+  const auto moved = checkpointer->abandon_after(resumed.step);
+  nlohmann::json detail = {
+      {"reason", reason},
+      {"checkpoint", snapshot.string()},
+      {"abandoned_from_step", reached.step},
+      {"discarded_steps", discarded},
+      {"data", skip ? "skip" : "replay"},
+      {"quarantined_samples", skip ? window * cfg.data.micro_batch_size * comm.world_size() : 0},
+      {"steps", cfg.stability.recovery.steps},
+      {"lr_factor", cfg.stability.recovery.lr_factor},
+      {"until_step", resumed.step + cfg.stability.recovery.steps}};
+  if (!newest_name.empty()) detail["newest_checkpoint"] = newest_name;
+  if (!moved.empty()) detail["abandoned_timeline"] = moved.string();
+  if (!guard) {
+    log::warn("ckpt", "{}: stability.enabled is false, so there is no recovery overlay", reason);
+    return;
+  }
+  guard->start_recovery(resumed.step);
+  event("recovery_start", detail);
+  log::warn("ckpt",
+            "{}: resumed at step {} (abandoning {} step(s) up to {}), {} the data in between, "
+            "recovering at {} x lr for {} steps",
+            reason, resumed.step, discarded, reached.step, skip ? "skipping" : "replaying",
+            cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
 }
 
 }  // namespace keel::train

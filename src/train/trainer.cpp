@@ -113,6 +113,7 @@ void Trainer::State::setup() {
   }
   comm.barrier();
   files = monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids);
+  if (comm.is_main()) history = RunHistory(run_dir, options.resume);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
   process_settings = std::make_unique<ProcessSettings>();
@@ -492,8 +493,14 @@ Trainer::~Trainer() = default;
 void Trainer::run() {
   State& s = *s_;
   s.setup();
+  // Every way out through keel's own exits goes on record in starts.jsonl; a crash (kill -9, a
+  // segfault) leaves its start open, which the next start records as an abnormal end.
   try {
     loop();
+    s.history.record_end(kExitOk, s.counters.step);
+  } catch (const Interrupted& e) {
+    s.history.record_end(e.exit_code(), s.counters.step);
+    throw;
   } catch (const RecordError& e) {
     // The record is gone (disk full, run directory removed): keep what training achieved if the
     // checkpoint directory still takes it, then stop. The checkpoint's own events are not
@@ -510,6 +517,12 @@ void Trainer::run() {
       log::error("train", "the last checkpoint could not be written either: {}", ce.what());
     }
     throw;
+  } catch (const RunStopped&) {
+    s.history.record_end(kExitRunStopped, s.counters.step);
+    throw;
+  } catch (const UserError&) {
+    s.history.record_end(kExitUserError, s.counters.step);
+    throw;
   }
 }
 
@@ -523,8 +536,13 @@ void Trainer::loop() {
     // A rollback needs a target from the very start: the initial weights are stable by definition.
     if (s.guard && cfg.stability.rollback.enabled) s.save_checkpoint(/*stable=*/true);
   }
+  const auto beat = [&s] {
+    s.history.beat({s.counters.step, s.counters.iteration, s.counters.micro_taken});
+  };
+  beat();
   while (s.counters.step < cfg.run.max_steps) {
     s.train_step();
+    beat();
     const int64_t step = s.counters.step;
     const bool last = step == cfg.run.max_steps;
     const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;

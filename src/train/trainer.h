@@ -18,6 +18,9 @@ namespace keel::train {
 struct TrainOptions {
   std::string run_dir;  // empty: run.out_dir/run.name
   std::string resume;   // empty: fresh; "latest" | "stable" | a checkpoint directory
+  // A resume that is a recovery: the data consumed between the snapshot resumed from and the
+  // newest checkpoint is trained on again (replay) or set aside in quarantine.jsonl (skip).
+  std::string resume_data = "skip";  // replay | skip
 };
 
 // Resolves the run directory for a config and options.

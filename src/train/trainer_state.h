@@ -28,6 +28,7 @@
 #include "train/counters.h"
 #include "train/faults.h"
 #include "train/layer_groups.h"
+#include "train/run_history.h"
 #include "train/trainer.h"
 
 namespace keel::train {
@@ -117,6 +118,13 @@ struct Trainer::State {
   void save_checkpoint(bool stable);
   void maybe_checkpoint();
   bool resume();  // true when a checkpoint was loaded
+  // A resume that is a recovery: the newest timeline after the snapshot just restored is
+  // abandoned, its data replayed or set aside, and the recovery overlay starts.
+  void begin_resume_recovery(const std::filesystem::path& snapshot, const std::string& reason,
+                             const std::optional<Heartbeat>& crash);
+  // Takes `micro_batches` from the data order without training on them, each sample on record
+  // in quarantine.jsonl with `reason` (and its loss when this step measured it).
+  void set_aside(int64_t micro_batches, const std::string& reason);
 
   // ---- pause and rollback (recovery.cpp)
   void pause_and_rollback(const Verdict& v);
@@ -154,6 +162,7 @@ struct Trainer::State {
   std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   monitor::RunFiles files;
+  RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
   std::unique_ptr<monitor::Progress> progress;
   StepSamples step_samples;
   LogWindow window;

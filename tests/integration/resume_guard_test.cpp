@@ -156,6 +156,15 @@ TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
       // Steps 41..46 were taken since the stable snapshot; their data is never trained on again.
       EXPECT_EQ(e["detail"]["quarantine"]["samples"].get<int64_t>(), 6 * 16);
     }
+  // Every quarantined sample is on record, the paused step's own with the loss it measured.
+  auto quarantine = read_jsonl(d.path() / "quarantine.jsonl");
+  EXPECT_EQ(quarantine.size(), 6u * 16u);
+  int with_loss = 0;
+  for (auto& q : quarantine) {
+    EXPECT_EQ(q["reason"], "rollback");
+    with_loss += q.contains("loss");
+  }
+  EXPECT_EQ(with_loss, 16);
   std::ifstream in(d.path() / "forensics/step_00000045/samples.json");
   auto samples = nlohmann::json::parse(in);
   ASSERT_EQ(samples.size(), 8u);  // top_k_samples, by loss
