@@ -64,6 +64,13 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Overrides that make the embedded tiny config a run of seconds: every step logged, no periodic
+// eval, a short warmup, one thread, deterministic, a smaller model.
+inline const std::string kQuickRun =
+    " --set logging.progress=off --set logging.every_steps=1 --set eval.batches=1"
+    " --set eval.every_steps=0 --set schedule.warmup_steps=2 --set run.threads=1"
+    " --set run.deterministic=true --set model.d_model=64 --set model.seq_len=32";
+
 inline std::string source_path(const std::string& relative) {
   return std::string(KEEL_SOURCE_DIR) + "/" + relative;
 }

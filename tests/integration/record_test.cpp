@@ -15,10 +15,7 @@
 namespace keel::testing {
 namespace {
 
-const std::string kShort =
-    " --set logging.progress=off --set logging.every_steps=1 --set eval.batches=1"
-    " --set eval.every_steps=0 --set schedule.warmup_steps=2 --set run.threads=1"
-    " --set run.deterministic=true --set model.d_model=64 --set model.seq_len=32";
+const std::string kShort = kQuickRun;
 
 std::string tiny() { return "train " + source_path("configs/tiny.yaml") + kShort; }
 

@@ -12,13 +12,10 @@ namespace keel::testing {
 namespace {
 
 // Stable snapshots at 20 and 40, checkpoints every 5, a 10-step recovery; sample ids recorded.
-const std::string kRun =
-    " --set logging.progress=off --set logging.every_steps=1 --set eval.batches=1"
-    " --set eval.every_steps=0 --set schedule.warmup_steps=2 --set run.threads=1"
-    " --set run.deterministic=true --set model.d_model=64 --set model.seq_len=32"
-    " --set checkpoint.every_steps=5 --set checkpoint.stable.every_steps=20"
-    " --set checkpoint.stable.window=3 --set stability.recovery.steps=10"
-    " --set logging.sample_ids=true --set run.max_steps=60";
+const std::string kRun = kQuickRun +
+                         " --set checkpoint.every_steps=5 --set checkpoint.stable.every_steps=20"
+                         " --set checkpoint.stable.window=3 --set stability.recovery.steps=10"
+                         " --set logging.sample_ids=true --set run.max_steps=60";
 
 std::string train(const TempDir& d) {
   return "train " + source_path("configs/tiny.yaml") + kRun + " --run-dir " + d.str();
