@@ -51,8 +51,10 @@ std::vector<Heartbeat> read_abnormal_ends(const std::string& run_dir) {
 std::optional<Heartbeat> crash_loop_after(const std::vector<Heartbeat>& ends,
                                           int64_t checkpoint_step) {
   std::map<int64_t, int> deaths;
+  // Only deaths after progress past the checkpoint: a process killed twice before it finished a
+  // step (a slow start, a scheduler's kill) is not a crash loop.
   for (const auto& h : ends)
-    if (h.step >= checkpoint_step && ++deaths[h.step] >= 2) return h;
+    if (h.step > checkpoint_step && ++deaths[h.step] >= 2) return h;
   return std::nullopt;
 }
 

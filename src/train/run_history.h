@@ -24,7 +24,8 @@ struct Heartbeat {
 // The abnormal ends on record in RUN_DIR/starts.jsonl, oldest first, counting a last start that
 // has no end (a run killed, or one still running) as ended at the heartbeat. Reads only.
 std::vector<Heartbeat> read_abnormal_ends(const std::string& run_dir);
-// When at least two of `ends` after `checkpoint_step` died at the same step: that position.
+// When at least two of `ends` died at the same step after `checkpoint_step` (having made progress
+// past it): that position.
 std::optional<Heartbeat> crash_loop_after(const std::vector<Heartbeat>& ends,
                                           int64_t checkpoint_step);
 
@@ -42,7 +43,7 @@ class RunHistory {
 
   // The heartbeats of the abnormal ends on record, oldest first.
   const std::vector<Heartbeat>& abnormal_ends() const { return abnormal_; }
-  // When at least two abnormal ends after `checkpoint_step` died at the same step: that position.
+  // See the free function crash_loop_after.
   std::optional<Heartbeat> crash_loop_after(int64_t checkpoint_step) const;
 
   void beat(const Heartbeat& h);  // overwrites RUN_DIR/heartbeat in place (one pwrite)

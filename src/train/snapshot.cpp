@@ -153,6 +153,13 @@ bool Trainer::State::resume() {
     if (auto newest = checkpointer->newest_written()) {
       const int64_t newest_step = checkpoint::read_manifest(*newest).step;
       crash = history.crash_loop_after(newest_step);
+      if (crash && !checkpoint::resolve_checkpoint(checkpointer->dir(), "stable")) {
+        log::warn("ckpt",
+                  "the run ended abnormally twice at step {} since checkpoint step {}, but there "
+                  "is no stable snapshot to fall back to: resuming from the newest checkpoint",
+                  crash->step, newest_step);
+        crash.reset();
+      }
       if (crash) {
         log::warn("ckpt",
                   "the run ended abnormally twice at step {} since checkpoint step {}: resuming "
