@@ -3,82 +3,17 @@
 
 Same architecture (llama-style: RMSNorm, RoPE, SwiGLU, SDPA causal attention, tied embeddings),
 same batch, precision, optimizer (AdamW, fused when available) and thread count; the data is
-random tokens of the same shape (throughput does not depend on values). Prints one JSON line:
+random tokens of the same shape (throughput does not depend on values). The model is
+bench/reference/ref_model.py's (shared with scripts/gen_golden.py). Prints one JSON line:
 {"tokens_per_s": ..., "step_ms": ..., "params": ...}. Used by bench/run.sh, side by side with keel.
 """
 import argparse
 import json
-import math
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def rope(x, cos, sin):  # x (B, H, T, D)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2)
-
-
-class Block(nn.Module):
-    def __init__(self, d, h, kv, ff):
-        super().__init__()
-        self.h, self.kv, self.hd = h, kv, d // h
-        self.attn_norm, self.mlp_norm = RMSNorm(d), RMSNorm(d)
-        self.q = nn.Linear(d, d, bias=False)
-        self.k = nn.Linear(d, kv * self.hd, bias=False)
-        self.v = nn.Linear(d, kv * self.hd, bias=False)
-        self.o = nn.Linear(d, d, bias=False)
-        self.gate = nn.Linear(d, ff, bias=False)
-        self.up = nn.Linear(d, ff, bias=False)
-        self.down = nn.Linear(ff, d, bias=False)
-
-    def forward(self, x, cos, sin):
-        B, T, C = x.shape
-        y = self.attn_norm(x)
-        q = self.q(y).view(B, T, self.h, self.hd).transpose(1, 2)
-        k = self.k(y).view(B, T, self.kv, self.hd).transpose(1, 2)
-        v = self.v(y).view(B, T, self.kv, self.hd).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
-        y = self.mlp_norm(x)
-        return x + self.down(F.silu(self.gate(y)) * self.up(y))
-
-
-class Model(nn.Module):
-    def __init__(self, vocab, d, layers, h, kv, ff, T):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, h, kv, ff) for _ in range(layers))
-        self.norm = RMSNorm(d)
-        hd = d // h
-        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.outer(torch.arange(T).float(), inv)
-        self.register_buffer("cos", ang.cos(), persistent=False)
-        self.register_buffer("sin", ang.sin(), persistent=False)
-        for p in self.parameters():
-            if p.dim() == 2:
-                nn.init.normal_(p, std=0.02)
-
-    def forward(self, idx, targets):
-        x = self.emb(idx)
-        for b in self.blocks:
-            x = b(x, self.cos, self.sin)
-        logits = self.norm(x) @ self.emb.weight.t()
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+from ref_model import Model  # this file's folder is on sys.path when run as a script
 
 
 def main():
