@@ -14,10 +14,10 @@ Also measured, on the medium model:
   checkpoint stall   one run saving every --ckpt-every steps, sync and async: total stall_s of the
                      saves that land in the timed steps / total time of those steps.
 
-MFU is model FLOPs/token (keel's 6*N_nonembedding + 12*L*C*T + 6*C*V, checked against the figure
-keel logs) x tokens/s / the peak matmul rate measured here with the same torch, device, dtype and
-threads: the best of several 2048^3 fp32 matmuls on the CPU (ATen's mm and oneDNN, whichever is
-faster), 8192^3 in the run's dtype on a GPU.
+MFU is model FLOPs/token (keel's 6*N_nonembedding + 12*L*C*T + 6*C*V, as keel's run_start event
+reports it, for keel and the reference alike) x tokens/s / the peak matmul rate measured here with
+the same torch, device, dtype and threads: the best of several 2048^3 fp32 matmuls on the CPU
+(ATen's mm and oneDNN, whichever is faster), 8192^3 in the run's dtype on a GPU.
 
 Progress goes to stderr, the Markdown report to stdout:
 
@@ -97,7 +97,8 @@ def read_jsonl(path):
 
 
 def flops_per_token(shape, params):
-    """keel's Transformer::flops_per_token for a llama model with tied embeddings."""
+    """keel's Transformer::flops_per_token for a llama model with tied embeddings; only for keel
+    binaries whose run_start event lacks flops_per_token."""
     C, V, L, T = shape.d_model, shape.vocab, shape.layers, shape.seq_len
     return 6.0 * (params - V * C) + 12.0 * L * C * T + 6.0 * C * V
 
@@ -139,13 +140,19 @@ def run_keel(args, shape, warmup, steps, extra=()):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    m = MODEL_LINE.search(proc.stdout)
-    if not m:
-        sys.exit("keel's log has no 'with X M parameters, Y MFLOPs/token' line:\n" + proc.stdout[-3000:])
-    params = next(e["detail"]["parameters"] for e in events if e["kind"] == "run_start")
-    fpt = flops_per_token(shape, params)
-    if abs(fpt / 1e6 - float(m.group(1))) > 0.006:
-        sys.exit(f"{shape.name}: keel logs {m.group(1)} MFLOPs/token, the formula here gives {fpt / 1e6:.2f}")
+    start = next(e["detail"] for e in events if e["kind"] == "run_start")
+    params = start["parameters"]
+    # keel's own FLOPs/token (Transformer::flops_per_token), used for both sides' MFU.
+    fpt = start.get("flops_per_token")
+    if fpt is None:
+        # A keel from before run_start carried flops_per_token: this script's copy of the formula,
+        # checked against the figure keel logs (rounded to 0.01 MFLOPs).
+        fpt = flops_per_token(shape, params)
+        m = MODEL_LINE.search(proc.stdout)
+        if not m:
+            sys.exit("keel's log has no 'with X M parameters, Y MFLOPs/token' line:\n" + proc.stdout[-3000:])
+        if abs(fpt / 1e6 - float(m.group(1))) > 0.006:
+            sys.exit(f"{shape.name}: keel logs {m.group(1)} MFLOPs/token, the formula here gives {fpt / 1e6:.2f}")
 
     redone = sorted({e["kind"] for e in events if e["kind"] in ("rollback", "skip_nan")})
     if redone:
