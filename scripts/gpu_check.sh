@@ -1,19 +1,175 @@
 #!/usr/bin/env bash
-# Throughput check on a machine with a CUDA GPU (never run in CI; there is no GPU there): builds
-# keel, then trains a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
-# model in bf16 with keel and with the plain PyTorch reference (bench/reference/train_ref.py),
-# alternately, and prints a Markdown table of median tokens/s, the keel/reference ratio and MFU
-# against this GPU's bf16 matmul peak (8192³, measured in the same run with the same torch).
-# A few minutes on an H100-class GPU once keel is built. Extra arguments go to bench/run.py, e.g.
-#   scripts/gpu_check.sh --pairs 3 --json gpu.json
+# GPU check on a machine with a CUDA GPU (never run in CI; there is no GPU there). Two parts:
+#   1. path check: 20 steps of the embedded tiny config on cuda in bf16 with optim.fused=on (the
+#      fused AdamW kernel) and SDPA attention; every loss and gradient norm must be finite, no step
+#      skipped or rolled back, and the loss must fall;
+#   2. throughput: a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
+#      model trained in bf16 by keel and by the plain PyTorch reference (bench/reference/), in
+#      alternating pairs (bench/run.py), and a Markdown table of median tokens/s, the
+#      keel/reference ratio and MFU against this GPU's bf16 matmul peak (8192³, measured in the
+#      same run with the same torch).
+# A few minutes on an H100-class GPU once keel is built. Two ways to call it:
+#
+#   scripts/gpu_check.sh [ARGS...]
+#       builds keel here with scripts/build.sh, which sets up the Debian packages and the wheel;
+#   scripts/gpu_check.sh --bundle DIR [ARGS...]
+#       runs the keel of a folder made by scripts/gpu_bundle.sh, on a bare CUDA machine: nothing
+#       is built or installed; LibTorch comes from that machine's own `python3 -c 'import torch'`
+#       (its torch/lib and the wheel's nvidia/*/lib), which also runs the reference (override:
+#       KEEL_PYTHON).
+#
+# ARGS go to bench/run.py, e.g. --pairs 3. With $OUT set (the device tool's output folder) it
+# writes there: gpu_check.log (everything printed), gpu_bench.md (the table), gpu_bench.json,
+# path_check.log and path_check_metrics.jsonl. Exits non-zero when either part fails; the
+# throughput part runs even when the path check failed. The exact call for the device tool is in
+# docs/benchmarks.md, "GPU check".
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
-build="$("$root/scripts/build.sh" --target keel)"
+here="$(cd "$(dirname "$0")/.." && pwd)"
+bundle=""
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle="${2:?--bundle needs a folder}"; shift 2 ;;
+    --bundle=*) bundle="${1#--bundle=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+out="${OUT:-}"
+if [ -n "$out" ]; then
+  mkdir -p "$out"
+  exec > >(tee -a "$out/gpu_check.log") 2>&1
+fi
+log() { echo "[gpu_check] $*" >&2; }
+export PYTHONUNBUFFERED=1
+
+command -v nvidia-smi >/dev/null &&
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+
+if [ -n "$bundle" ]; then
+  bundle="$(cd "$bundle" && pwd)"
+  [ -x "$bundle/keel" ] && [ -f "$bundle/MANIFEST.txt" ] ||
+    { log "$bundle has no keel or MANIFEST.txt; scripts/gpu_bundle.sh makes a bundle"; exit 2; }
+  sed -n '/^[a-z_]*=/p' "$bundle/MANIFEST.txt" | sed 's/^/[gpu_check] bundle: /' >&2
+  manifest() { sed -n "s/^$1=//p" "$bundle/MANIFEST.txt"; }
+  python="${KEEL_PYTHON:-python3}"
+  # torch's version, its folder, and the nvidia/*/lib folders of the wheel it came with.
+  mapfile -t found < <("$python" -c '
+import glob, os, torch
+d = os.path.dirname(torch.__file__)
+print(torch.__version__)
+print(torch.version.cuda)
+print(os.path.join(d, "lib"))
+for lib in sorted(glob.glob(os.path.join(os.path.dirname(d), "nvidia", "*", "lib"))):
+    print(lib)')
+  [ "${#found[@]}" -ge 3 ] || { log "$python cannot import torch"; exit 2; }
+  torch_version="${found[0]}" torch_cuda="${found[1]}"
+  want="$(manifest torch_version)"
+  log "LibTorch from $python: torch $torch_version (CUDA $torch_cuda) at ${found[2]}"
+  # keel links LibTorch's C++ API, which changes between releases: only the one it was built with.
+  if [ "${torch_version%%+*}" != "$want" ]; then
+    log "the bundle was built against torch $want, $python has $torch_version; rebuild the bundle" \
+        "against that release (scripts/setup.sh's TORCH_VERSION) or set KEEL_PYTHON"
+    exit 2
+  fi
+  [ "$torch_cuda" != None ] || { log "torch $torch_version is a CPU-only build"; exit 2; }
+  glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')"
+  glibc_min="$(manifest glibc_min)"
+  if [ -n "$glibc" ] && [ -n "$glibc_min" ] &&
+     [ "$(printf '%s\n%s\n' "$glibc_min" "$glibc" | sort -V | head -n 1)" != "$glibc_min" ]; then
+    log "this machine's glibc is $glibc; the bundle needs >= $glibc_min (build it on an older one)"
+    exit 2
+  fi
+  libpath="$(IFS=:; echo "${found[*]:2}")"
+  export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if command -v ldd >/dev/null && ldd "$bundle/keel" | grep -q 'not found'; then
+    ldd "$bundle/keel" | grep 'not found' >&2
+    log "the bundle's keel misses the libraries above"
+    exit 2
+  fi
+  keel="$bundle/keel"
+  run_py="$bundle/bench/run.py"
+else
+  build="$("$here/scripts/build.sh" --target keel)"
+  keel="$(cd "$build" && pwd)/keel"
+  # The interpreter of the wheel keel links (as bench/run.sh finds it).
+  torch_version="$(sed -n 's/^TORCH_VERSION="\([^"]*\)".*/\1/p' "$here/scripts/setup.sh")"
+  python="${KEEL_PYTHON:-${KEEL_CACHE:-$HOME/.cache/keel}/torch-$torch_version/bin/python}"
+  run_py="$here/bench/run.py"
+fi
+log "keel: $keel ($("$keel" --version))"
+status=0
+
+# ---- 1. path check: fused AdamW and SDPA on cuda in bf16 -------------------------------------
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+log "path check: 20 steps of the tiny config, cuda, bf16, optim.fused=on"
+# In $tmp: keel's free-space check looks at run.out_dir, relative to the working directory.
+if (cd "$tmp" && "$keel" train --run-dir "$tmp/run" --set run.device=cuda --set run.precision=bf16 \
+      --set optim.fused=on --set run.max_steps=20 --set schedule.warmup_steps=2 \
+      --set logging.every_steps=1 --set logging.progress=off --set eval.every_steps=0 \
+      --set checkpoint.every_steps=0) >"$tmp/path_check.log" 2>&1; then
+  [ -z "$out" ] || cp "$tmp/run/metrics.jsonl" "$out/path_check_metrics.jsonl"
+  # The log names the optimizer ("adamw(fused)") and the device; metrics.jsonl holds the losses.
+  if "$python" - "$tmp/path_check.log" "$tmp/run" <<'EOF' >&2; then
+import json, math, os, sys
+log_text = open(sys.argv[1]).read()
+read = lambda name: [json.loads(l) for l in open(os.path.join(sys.argv[2], name)) if l.strip()]
+metrics, events = read("metrics.jsonl"), read("events.jsonl")
+losses = [m["loss"] for m in metrics]
+norms = [m["grad_norm"] for m in metrics]
+finite = lambda xs: all(x is not None and math.isfinite(x) for x in xs)  # non-finite is null
+problems = []
+if "adamw(fused)" not in log_text:
+    problems.append("keel did not use the fused AdamW kernel (no 'adamw(fused)' in its log)")
+start = next((e["detail"] for e in events if e["kind"] == "run_start"), {})
+if not str(start.get("device", "")).startswith("cuda"):
+    problems.append(f"the run was not on cuda (run_start device {start.get('device')!r})")
+if [m["step"] for m in metrics] != list(range(1, 21)):
+    problems.append(f"expected records of steps 1..20, got {[m['step'] for m in metrics]}")
+if not finite(losses) or not finite(norms):
+    problems.append("a loss or gradient norm is not finite")
+redone = sorted({e["kind"] for e in events if e["kind"] in ("rollback", "skip_nan")})
+if redone:
+    problems.append(f"steps were skipped or rolled back: {', '.join(redone)}")
+if finite(losses) and len(losses) >= 10:
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    print(f"[gpu_check] path check: loss {losses[0]:.4f} -> {losses[-1]:.4f} "
+          f"(mean of steps 1-5 {first:.4f}, of steps 16-20 {last:.4f})")
+    if not last < first - 0.1:
+        problems.append(f"no fall in the loss (means {first:.4f}, steps 1-5; {last:.4f}, 16-20)")
+for p in problems:
+    print(f"[gpu_check] path check: {p}")
+sys.exit(1 if problems else 0)
+EOF
+    log "path check: ok (fused AdamW, SDPA, bf16 on cuda: finite, falling)"
+  else
+    if [ -n "$out" ]; then log "path check: FAILED (keel's log: $out/path_check.log)"
+    else tail -n 20 "$tmp/path_check.log" >&2; log "path check: FAILED"
+    fi
+    status=1
+  fi
+else
+  tail -n 40 "$tmp/path_check.log" >&2
+  log "path check: FAILED, keel exited non-zero"
+  status=1
+fi
+[ -z "$out" ] || cp "$tmp/path_check.log" "$out/path_check.log"
+
+# ---- 2. throughput: keel against the plain PyTorch reference ---------------------------------
 # keel logs every 5 steps rather than every step: a log step also snapshots all weights for the
 # update ratios and reads several values back to the host, work a real run does not do per step
 # (the per-config warm-up and step counts are multiples of 5). One checkpoint kept of each kind:
 # keel's free-space check asks for room for keep_last + stable.keep + 1 checkpoints (4.3 GB each at
 # 350M), and only the start and end saves are ever written here.
-KEEL="$build/keel" exec "$root/bench/run.sh" --device cuda --precision bf16 --configs 124m 350m \
-  --pairs 2 --log-every 5 --keel-set checkpoint.keep_last=1 --keel-set checkpoint.stable.keep=1 "$@"
+bench=("$python" "$run_py" --keel "$keel" --python "$python" --device cuda --precision bf16
+       --configs 124m 350m --pairs 2 --log-every 5
+       --keel-set checkpoint.keep_last=1 --keel-set checkpoint.stable.keep=1)
+[ -z "$out" ] || bench+=(--json "$out/gpu_bench.json")
+log "throughput: ${bench[*]} ${args[*]:-}"
+if [ -n "$out" ]; then
+  "${bench[@]}" "${args[@]}" | tee "$out/gpu_bench.md" || status=1
+else
+  "${bench[@]}" "${args[@]}" || status=1
+fi
+if [ "$status" -eq 0 ]; then log "done"; else log "FAILED (see above)"; fi
+exit "$status"
