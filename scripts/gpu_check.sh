@@ -96,7 +96,8 @@ else
   python="${KEEL_PYTHON:-${KEEL_CACHE:-$HOME/.cache/keel}/torch-$torch_version/bin/python}"
   run_py="$here/bench/run.py"
 fi
-log "keel: $keel ($("$keel" --version))"
+version="$("$keel" --version)" || { log "$keel does not start (above)"; exit 2; }
+log "keel: $keel ($version)"
 status=0
 
 # ---- 1. path check: fused AdamW and SDPA on cuda in bf16 -------------------------------------
