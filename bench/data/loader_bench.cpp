@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     keel::data::LoaderOptions o;
     o.dir = args.dir;
     o.seq_len = args.seq;
-    o.sampler.kind = "stratified";
+    o.sampler.kind = keel::config::Sampling::kStratified;
     o.sampler.seed = 1234;
     o.sampler.micro_batch = args.batch;
     o.sampler.buckets = 16;

@@ -85,6 +85,21 @@ struct VerifyResult {
 // "step_00001000" (at least 8 digits).
 std::string step_dir_name(int64_t step);
 
+// checkpoint.every_steps: auto. The interval at which a save that stalls training
+// `stall_seconds` costs at most `max_overhead` of training time at `step_seconds` a step, rounded
+// up to a round number (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k) so that runs on one machine agree,
+// at least kMinAutoInterval, and at most max_steps / kMinAutoCheckpoints so that even a short run
+// has snapshots to fall back to.
+inline constexpr int64_t kMinAutoInterval = 10;
+inline constexpr int64_t kMinAutoCheckpoints = 8;
+int64_t auto_interval(double stall_seconds, double step_seconds, double max_overhead,
+                      int64_t max_steps);
+// checkpoint.stable.every_steps for a checkpoint interval: auto and 0 = every checkpoint.
+int64_t stable_interval(const config::CheckpointConfig& cfg, int64_t checkpoint_interval);
+// checkpoint.stable.window for a checkpoint interval: auto = the interval (the steps since the
+// previous checkpoint must have passed without an alarm).
+int64_t stable_window(const config::CheckpointConfig& cfg, int64_t checkpoint_interval);
+
 // Parses DIR/MANIFEST.json; throws CheckpointError naming it when missing or malformed.
 Manifest read_manifest(const std::filesystem::path& dir);
 

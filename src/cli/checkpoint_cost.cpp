@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/file_io.h"
 #include "common/clock.h"
 #include "common/error.h"
@@ -53,11 +54,12 @@ double probe_host_copy(size_t bytes) {
 // Peak matmul throughput of this LibTorch on the run's device in the run's precision: the best of
 // a few square matmuls after a warm-up.
 double probe_matmul(const config::RunConfig& run) {
-  const bool cuda = run.device == "cuda" || (run.device == "auto" && torch::cuda::is_available());
+  const bool cuda = run.device == config::Device::kCuda ||
+                    (run.device == config::Device::kAuto && torch::cuda::is_available());
   const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   torch::Dtype dtype = torch::kFloat32;
-  if (run.precision == "bf16") dtype = torch::kBFloat16;
-  if (run.precision == "fp16" && cuda) dtype = torch::kFloat16;
+  if (run.precision == config::Precision::kBf16) dtype = torch::kBFloat16;
+  if (run.precision == config::Precision::kFp16 && cuda) dtype = torch::kFloat16;
   const int64_t n = cuda ? 8192 : 1024;
   torch::NoGradGuard no_grad;
   const auto a = torch::randn({n, n}, torch::TensorOptions().device(device).dtype(dtype));
@@ -94,15 +96,17 @@ std::string seconds_text(double s) {
 CheckpointCost estimate_checkpoint_cost(const config::Config& cfg,
                                         const CheckpointCostOptions& options) {
   CheckpointCost cost;
-  cost.parameters = config::estimate_parameters(cfg.model);
+  cost.parameters = config::parameter_count(cfg.model);
   cost.checkpoint_bytes = static_cast<double>(config::estimate_checkpoint_bytes(cfg));
   const double tokens_per_step = static_cast<double>(cfg.data.micro_batch_size) *
                                  static_cast<double>(cfg.data.grad_accum_steps) *
                                  static_cast<double>(options.world_size) *
                                  static_cast<double>(cfg.model.seq_len);
-  cost.flops_per_step = config::estimate_flops_per_token(cfg.model) * tokens_per_step;
-  cost.interval_steps =
-      cfg.checkpoint.every_steps > 0 ? cfg.checkpoint.every_steps : cfg.run.max_steps;
+  cost.flops_per_step = config::flops_per_token(cfg.model) * tokens_per_step;
+  cost.auto_interval = cfg.checkpoint.every_steps == config::kAuto;
+  if (!cost.auto_interval)
+    cost.interval_steps =
+        cfg.checkpoint.every_steps > 0 ? cfg.checkpoint.every_steps : cfg.run.max_steps;
 
   if (options.probe) {
     const auto dir = config::nearest_existing_dir(config::checkpoint_dir(cfg));
@@ -126,6 +130,11 @@ CheckpointCost estimate_checkpoint_cost(const config::Config& cfg,
     else if (!cfg.checkpoint.async)
       cost.stall_seconds = cost.write_seconds;
   }
+  if (cost.auto_interval && cost.stall_seconds && cost.step_seconds)
+    cost.interval_steps = checkpoint::auto_interval(*cost.stall_seconds, *cost.step_seconds,
+                                                    cfg.checkpoint.max_overhead, cfg.run.max_steps);
+  if (cost.interval_steps > 0 && cost.interval_steps < cfg.run.max_steps)
+    cost.stable_interval_steps = checkpoint::stable_interval(cfg.checkpoint, cost.interval_steps);
   if (cost.stall_seconds && cost.step_seconds && cost.interval_steps > 0) {
     const double train = static_cast<double>(cost.interval_steps) * *cost.step_seconds;
     cost.share = *cost.stall_seconds / (train + *cost.stall_seconds);
@@ -152,11 +161,24 @@ std::string format_checkpoint_cost(const CheckpointCost& c, const config::Config
           fmt::format("step time {} ({:.3g} GFLOP per step at {:.0f}% of the measured {} matmul "
                       "peak {:.1f} TFLOP/s; pass --step-time for a measured figure)",
                       seconds_text(*c.step_seconds), c.flops_per_step / 1e9, kAssumedMfu * 100,
-                      cfg.run.precision, *c.matmul_flops_per_s / 1e12));
+                      config::name_of(cfg.run.precision), *c.matmul_flops_per_s / 1e12));
   }
-  if (c.stall_seconds) {
-    const std::string every = cfg.checkpoint.every_steps > 0
-                                  ? fmt::format("every {} steps", cfg.checkpoint.every_steps)
+  if (c.auto_interval) {
+    if (c.interval_steps > 0)
+      line(fmt::format(
+          "checkpoint.every_steps auto: every {} steps, stable candidates every {} "
+          "(a save costs at most {:.1f}% of training time; the run measures its own "
+          "save and step times at step 10 and decides again)",
+          c.interval_steps, c.stable_interval_steps, cfg.checkpoint.max_overhead * 100));
+    else
+      line(
+          fmt::format("checkpoint.every_steps auto: decided at step 10 from the measured save and "
+                      "step times (a save costs at most {:.1f}% of training time)",
+                      cfg.checkpoint.max_overhead * 100));
+  }
+  if (c.stall_seconds && c.interval_steps > 0) {
+    const std::string every = c.interval_steps < cfg.run.max_steps
+                                  ? fmt::format("every {} steps", c.interval_steps)
                                   : std::string("once, at the end");
     std::string what =
         cfg.checkpoint.async ? "async: the copy to host memory" : "sync: the whole write";

@@ -37,8 +37,10 @@ struct CheckpointCost {
   double flops_per_step = 0;
   std::optional<double> matmul_flops_per_s;  // measured peak on the run's device and precision
   std::optional<double> step_seconds;
-  bool step_seconds_measured = false;   // true when given by the user
-  int64_t interval_steps = 0;           // steps between saves (max_steps when only at the end)
+  bool step_seconds_measured = false;  // true when given by the user
+  int64_t interval_steps = 0;  // steps between saves (max_steps when only at the end; 0 unknown)
+  bool auto_interval = false;  // checkpoint.every_steps: auto (interval_steps estimated here)
+  int64_t stable_interval_steps = 0;
   std::optional<double> write_seconds;  // one checkpoint, start to durable
   std::optional<double> stall_seconds;  // training time lost per save
   std::optional<double> share;          // stall / (interval * step + stall)

@@ -28,7 +28,7 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
                                       const config::ValidateOptions& options) {
   auto diagnostics = loaded.diagnostics;
   config::ValidateOptions opts = options;
-  if (loaded.config.data.source == "shards" && !opts.data_vocab_size) {
+  if (loaded.config.data.source == config::DataSource::kShards && !opts.data_vocab_size) {
     try {
       opts.data_vocab_size = data::shard_vocab_size(loaded.config.data.path);
     } catch (const DataError& e) {
@@ -43,6 +43,13 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
     if (!failed.count(d.key)) diagnostics.push_back(std::move(d));
   config::sort_diagnostics(diagnostics);
   return diagnostics;
+}
+
+config::Config resolved(const config::LoadedConfig& loaded) {
+  std::optional<int64_t> data_vocab;
+  if (loaded.config.data.source == config::DataSource::kShards)
+    data_vocab = data::shard_vocab_size(loaded.config.data.path);
+  return config::resolve_auto(loaded.config, data_vocab);
 }
 
 int print_diagnostics(const std::vector<config::Diagnostic>& diagnostics) {

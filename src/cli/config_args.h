@@ -13,6 +13,10 @@ config::LoadedConfig load(const ConfigArgs& args);
 // validate()'s findings about that key would be about a value the user never wrote: dropped.
 std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
                                       const config::ValidateOptions& options);
+// The valid config with its `auto` keys resolved (the data's vocabulary read from data.path's
+// meta.json when the source is shards): what `keel train` runs and writes to
+// config.resolved.yaml.
+config::Config resolved(const config::LoadedConfig& loaded);
 // Prints diagnostics to stderr; returns the number of errors among them.
 int print_diagnostics(const std::vector<config::Diagnostic>& diagnostics);
 

@@ -10,7 +10,7 @@
 namespace keel::cli {
 
 void register_prepare(CLI::App& app, int& exit_code) {
-  auto o = std::make_shared<data::PrepareOptions>();
+  auto o = std::make_shared<data::PrepareOptions>(data::recommended_prepare_options());
   auto shingle = std::make_shared<std::string>("word");
   auto no_exact = std::make_shared<bool>(false);
   auto no_near = std::make_shared<bool>(false);
@@ -45,14 +45,16 @@ void register_prepare(CLI::App& app, int& exit_code) {
   sub->add_option("--max-length", o->length.max_length, "remove documents longer (bytes; 0 = none)")
       ->capture_default_str();
   sub->add_option("--drop-percentile-tails", o->length.drop_percentile_tails,
-                  "P: also remove the shortest and longest P percent")
+                  "P: also remove the shortest and longest P percent (0 = off)")
       ->capture_default_str();
-  sub->add_option("--val-fraction", o->val_fraction, "share of documents for the val split")
+  sub->add_option("--val-fraction", o->val_fraction,
+                  "share of documents for the val split (0 = no val split)")
       ->capture_default_str();
   sub->add_option("--seq-len", o->seq_len, "training window length the data is packed for")
       ->capture_default_str();
   sub->add_option("--keep-whole", o->keep_whole,
-                  "share of window-sized documents started on a window boundary instead of split")
+                  "share of window-sized documents started on a window boundary instead of split "
+                  "(0 = off)")
       ->capture_default_str();
   sub->add_option("--cluster", o->cluster, "index cluster id: hash | source (input file)")
       ->check(CLI::IsMember({"hash", "source"}))

@@ -34,7 +34,8 @@ void register_train(CLI::App& app, int& exit_code) {
 
     dist::SingleProcess comm;
     log::init(comm.rank(), comm.world_size());
-    train::Trainer trainer(loaded.config, config::to_yaml(loaded.config), *options, comm);
+    const config::Config cfg = resolved(loaded);
+    train::Trainer trainer(cfg, config::to_yaml(cfg), *options, comm);
     trainer.run();
     exit_code = 0;
   });

@@ -5,6 +5,7 @@
 
 #include <iostream>
 
+#include "cli/checklist.h"
 #include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
 #include "cli/resume_plan.h"
@@ -45,13 +46,15 @@ void register_validate(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
+    const config::Config cfg = resolved(loaded);
+    // As written, `auto` keys included; config.resolved.yaml records what a run resolved them to.
     if (*print_config) std::cout << config::to_yaml(loaded.config);
     CheckpointCostOptions cost_options;
     cost_options.world_size = *world;
     cost_options.probe = !*no_probe;
     if (*step_time > 0) cost_options.step_seconds = *step_time;
-    const auto cost = estimate_checkpoint_cost(loaded.config, cost_options);
-    std::cout << format_checkpoint_cost(cost, loaded.config);
+    const auto cost = estimate_checkpoint_cost(cfg, cost_options);
+    std::cout << format_checkpoint_cost(cost, cfg);
     if (cost.share && *cost.share > kCheckpointShareWarn) {
       config::Diagnostic d{
           config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
@@ -62,6 +65,7 @@ void register_validate(CLI::App& app, int& exit_code) {
                       loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
       print_diagnostics({d});
     }
+    std::cout << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
     // An existing run: what each --resume would do there.
     const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
     std::cout << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);

@@ -57,6 +57,7 @@ class KeyLister {
   void field(const char* key, T&) {
     out_.push_back(join_key(prefix_, key));
   }
+  void field(const char* key, int64_t& value, AutoAllowed) { field(key, value); }
   template <class S>
   void section(const char* key, S& sub) {
     const std::string path = join_key(prefix_, key);
@@ -229,6 +230,25 @@ std::string convert(const YAML::Node& n, double& out) {
   return "";
 }
 
+template <Choice E>
+std::string convert(const YAML::Node& n, E& out) {
+  const auto value = n.IsScalar() ? parse_choice<E>(n.Scalar()) : std::nullopt;
+  if (!value) return "must be one of " + choice_list<E>() + " (got " + describe(n) + ")";
+  out = *value;
+  return "";
+}
+
+// An integer that may be `auto` (kAuto).
+std::string convert_auto(const YAML::Node& n, int64_t& out) {
+  if (is_plain_scalar(n) && n.Scalar() == "auto") {
+    out = kAuto;
+    return "";
+  }
+  const std::string problem = convert(n, out);
+  if (problem.empty() && out == kAuto) return "must be auto or an integer >= 0 (got -1)";
+  return problem.empty() ? "" : "must be auto or an integer (got " + describe(n) + ")";
+}
+
 template <class T>
 const char* list_example();
 template <>
@@ -280,6 +300,19 @@ class Reader {
     sink_.locations[path] = loc;
     T parsed{};
     if (read_value(path, entry->value, loc, parsed)) value = std::move(parsed);
+  }
+  void field(const char* key, int64_t& value, AutoAllowed) {
+    const Entry* entry = take(key);
+    if (!entry) return;
+    const std::string path = join_key(prefix_, key);
+    const SourceLoc loc = value_loc(*entry);
+    sink_.locations[path] = loc;
+    int64_t parsed = 0;
+    if (const std::string problem = convert_auto(entry->value, parsed); !problem.empty()) {
+      sink_.error(path, loc, problem);
+      return;
+    }
+    value = parsed;
   }
 
   template <class S>
@@ -469,7 +502,13 @@ std::string yaml_scalar(const std::string& s) {
 }
 
 std::string yaml_scalar(bool b) { return b ? "true" : "false"; }
+
 std::string yaml_scalar(int64_t i) { return std::to_string(i); }
+// Quoted like any string, so that YAML 1.1 readers do not take `off` for a bool.
+template <Choice E>
+std::string yaml_scalar(E e) {
+  return yaml_scalar(std::string(name_of(e)));
+}
 
 // Shortest text that parses back to the same double (std::to_chars), so the round trip is exact,
 // then made to look like a float to every YAML reader: YAML 1.1 readers (PyYAML) take "3e-04" for a
@@ -504,6 +543,9 @@ class Writer {
   template <class T>
   void field(const char* key, T& value) {
     out_ += pad() + key + ": " + yaml_scalar(value) + "\n";
+  }
+  void field(const char* key, int64_t& value, AutoAllowed) {
+    out_ += pad() + key + ": " + (value == kAuto ? std::string("auto") : yaml_scalar(value)) + "\n";
   }
   template <class S>
   void section(const char* key, S& sub) {

@@ -5,30 +5,122 @@
 // reading, writing, key listing and locking share one list of fields.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace keel::config {
+
+// ---- Choice-valued keys -----------------------------------------------------------------------
+// Every key that takes one of a fixed set of words is an enum with one name table,
+// Choices<E>::kNames (indexed by the enumerator's value). Reading, writing, validation messages and
+// logs all use that table; code compares enumerators, never text.
+template <class E>
+struct Choices;
+
+template <class E>
+concept Choice = requires {
+  Choices<E>::kNames;
+};
+
+template <Choice E>
+constexpr std::string_view name_of(E e) {
+  return Choices<E>::kNames[static_cast<size_t>(e)];
+}
+template <Choice E>
+std::optional<E> parse_choice(std::string_view text) {
+  for (size_t i = 0; i < Choices<E>::kNames.size(); ++i)
+    if (Choices<E>::kNames[i] == text) return static_cast<E>(i);
+  return std::nullopt;
+}
+// "auto|cpu|cuda": the valid words, for messages.
+template <Choice E>
+std::string choice_list() {
+  std::string out;
+  for (auto name : Choices<E>::kNames) out += (out.empty() ? "" : "|") + std::string(name);
+  return out;
+}
+
+#define KEEL_CHOICE(Enum, ...)                                                     \
+  template <>                                                                      \
+  struct Choices<Enum> {                                                           \
+    static constexpr auto kNames = std::to_array<std::string_view>({__VA_ARGS__}); \
+  }
+
+enum class Device { kAuto, kCpu, kCuda };
+KEEL_CHOICE(Device, "auto", "cpu", "cuda");
+enum class Precision { kFp32, kBf16, kFp16 };
+KEEL_CHOICE(Precision, "fp32", "bf16", "fp16");
+enum class HostAllocator { kCaching, kSystem };
+KEEL_CHOICE(HostAllocator, "caching", "system");
+enum class CpuMatmul { kOneDnn, kAten };
+KEEL_CHOICE(CpuMatmul, "onednn", "aten");
+enum class Arch { kLlama, kGpt2 };
+KEEL_CHOICE(Arch, "llama", "gpt2");
+enum class DataSource { kSynthetic, kShards };
+KEEL_CHOICE(DataSource, "synthetic", "shards");
+enum class Sampling { kStratified, kRandom, kSequential };
+KEEL_CHOICE(Sampling, "stratified", "random", "sequential");
+enum class OptimizerName { kAdamW, kLion };
+KEEL_CHOICE(OptimizerName, "adamw", "lion");
+enum class ClipMode { kGlobal, kAdaptive };
+KEEL_CHOICE(ClipMode, "global", "adaptive");
+enum class Switch { kAuto, kOn, kOff };  // optim.fused, logging.progress
+KEEL_CHOICE(Switch, "auto", "on", "off");
+enum class ScheduleKind { kCosine, kThreePhase, kConstant };
+KEEL_CHOICE(ScheduleKind, "cosine", "three_phase", "constant");
+enum class NanPolicy { kSkip, kPause, kAbort };
+KEEL_CHOICE(NanPolicy, "skip", "pause", "abort");
+enum class ResumeRecovery { kStable, kAlways, kNever };
+KEEL_CHOICE(ResumeRecovery, "stable", "always", "never");
+enum class Backend { kAuto, kNccl, kGloo };
+KEEL_CHOICE(Backend, "auto", "nccl", "gloo");
+enum class FaultKind {
+  kCorruptBatch,
+  kNanGrad,
+  kLrSpike,
+  kLoaderStall,
+  kDropSamples,
+  kCrash,
+  kSpliceData
+};
+KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
+            "crash", "splice_data");
+enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
+KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
+#undef KEEL_CHOICE
+
+// An integer key that also takes `auto`: keel derives the value (from the data, or from what it
+// measures on this machine) where the owner of that knowledge resolves it. Visitors see such a key
+// through field(key, value, kAutoAllowed).
+inline constexpr int64_t kAuto = -1;
+struct AutoAllowed {};
+inline constexpr AutoAllowed kAutoAllowed{};
 
 struct RunConfig {
   std::string name = "keel";
   std::string out_dir = "runs";  // the run directory is out_dir/name unless --run-dir is given
   int64_t seed = 1234;
-  int64_t max_steps = 1000;        // optimizer steps
-  std::string device = "auto";     // auto|cpu|cuda
-  std::string precision = "fp32";  // bf16|fp16|fp32
+  int64_t max_steps = 1000;  // optimizer steps
+  Device device = Device::kAuto;
+  Precision precision = Precision::kFp32;
+  // fp16's dynamic loss scaling: the initial scale, and the clean steps before it doubles.
+  double fp16_initial_scale = 65536.0;
+  int64_t fp16_growth_interval = 2000;
   bool deterministic = false;
-  int64_t threads = 0;                     // intra-op threads; 0 = LibTorch's default
-  std::string host_allocator = "caching";  // caching|system: LibTorch's CPU tensor memory
-  std::string cpu_matmul = "onednn";       // onednn|aten: the GEMMs of fp32 CPU linear layers
+  int64_t threads = 0;  // intra-op threads; 0 = LibTorch's default
+  HostAllocator host_allocator = HostAllocator::kCaching;  // LibTorch's CPU tensor memory
+  CpuMatmul cpu_matmul = CpuMatmul::kOneDnn;               // the GEMMs of fp32 CPU linear layers
   bool operator==(const RunConfig&) const = default;
 };
 
 struct ModelConfig {
-  std::string arch = "llama";  // llama|gpt2
-  int64_t vocab_size = 256;
+  Arch arch = Arch::kLlama;
+  int64_t vocab_size = 256;  // kAuto: the data's (shards' meta.json), padded up to 64
   int64_t d_model = 128;
   int64_t n_layers = 2;
   int64_t n_heads = 4;
@@ -53,11 +145,11 @@ struct LoaderConfig {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic|shards
-  std::string path;                  // shard directory when source=shards
-  int64_t micro_batch_size = 8;      // sequences per micro-batch per rank
+  DataSource source = DataSource::kSynthetic;
+  std::string path;              // shard directory when source=shards
+  int64_t micro_batch_size = 8;  // sequences per micro-batch per rank
   int64_t grad_accum_steps = 1;
-  std::string sampling = "stratified";  // stratified|random|sequential
+  Sampling sampling = Sampling::kStratified;
   int64_t buckets = 16;
   int64_t min_clusters_per_batch = 2;
   LoaderConfig loader;
@@ -72,16 +164,16 @@ struct DataConfig {
 };
 
 struct OptimConfig {
-  std::string name = "adamw";  // adamw|lion
-  double lr = 3e-4;            // peak learning rate
+  OptimizerName name = OptimizerName::kAdamW;
+  double lr = 3e-4;  // peak learning rate
   std::vector<double> betas = {0.9, 0.95};
   double eps = 1e-8;
   double weight_decay = 0.05;
   std::vector<std::string> no_decay = {"bias", "norm", "embedding"};
   double grad_clip = 1.0;
-  std::string clip_mode = "global";  // global|adaptive
+  ClipMode clip_mode = ClipMode::kGlobal;
   double adaptive_clip_z = 4.0;
-  std::string fused = "auto";  // auto|on|off
+  Switch fused = Switch::kAuto;
   bool operator==(const OptimConfig&) const = default;
 };
 
@@ -93,27 +185,50 @@ struct PhasesConfig {
 };
 
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine|three_phase|constant
-  int64_t warmup_steps = 100;   // cosine/constant; three_phase uses phases.warmup unless this is >0
+  ScheduleKind kind = ScheduleKind::kCosine;
+  int64_t warmup_steps = kAuto;  // auto: see config::warmup_steps()
   double min_lr_ratio = 0.1;
   PhasesConfig phases;
   bool operator==(const ScheduleConfig&) const = default;
 };
 
+// Rollbacks are budgeted per incident: the alarms that follow a rollback before training has made
+// progress on clean data belong to the incident that caused it. Within an incident the remedy
+// escalates (rollback, rollback with a longer skip-ahead, then skipping the offending steps), so it
+// ends in at most max_rollbacks rollbacks whatever the length of a bad region. The run stops
+// (exit 3, every incident summarised) when it is clearly stuck: more than max_incidents incidents
+// within incident_window_steps, or stuck_steps step attempts in a row without an applied update.
 struct RollbackConfig {
   bool enabled = true;
-  int64_t max_rollbacks = 3;
+  int64_t max_rollbacks = 2;  // per incident
+  int64_t max_incidents = 20;
+  int64_t incident_window_steps = 1000;
+  int64_t stuck_steps = kAuto;  // auto: max(100, run.max_steps / 4)
   bool skip_data = true;
-  int64_t skip_ahead_steps = 0;  // with skip_data: also skip this many steps of data past the pause
+  // With skip_data: also skip this many steps of data past the pause at an incident's first
+  // rollback; a re-alarm within the incident doubles the skip-ahead each time.
+  int64_t skip_ahead_steps = 0;
   bool operator==(const RollbackConfig&) const = default;
 };
 
+// The per-sample screen: before each update, every sample whose loss is far above the running
+// per-sample baseline (above factor x its median and above median + z robust standard deviations)
+// is masked out of the loss and set aside in quarantine.jsonl; the rest of the batch trains. Active
+// once warmup is over and the baseline holds min_samples clean samples.
+struct ScreenConfig {
+  bool enabled = true;
+  double factor = 2.0;
+  double z = 6.0;
+  int64_t min_samples = 256;
+  bool operator==(const ScreenConfig&) const = default;
+};
+
 struct RecoveryConfig {
-  int64_t steps = 200;
+  int64_t steps = kAuto;  // auto: 5 % of run.max_steps, within [10, 200]
   double lr_factor = 0.25;
   // When a resume is a recovery (lr x lr_factor for `steps`): stable = `--resume stable` (and a
   // crash-loop fallback to it), always = every resume, never = no resume.
-  std::string on_resume = "stable";  // stable|always|never
+  ResumeRecovery on_resume = ResumeRecovery::kStable;
   bool operator==(const RecoveryConfig&) const = default;
 };
 
@@ -122,28 +237,35 @@ struct StabilityConfig {
   int64_t median_window = 100;
   double warn_factor = 5.0;
   double pause_factor = 10.0;
-  std::string nan_policy = "skip";  // skip|pause|abort
+  NanPolicy nan_policy = NanPolicy::kSkip;
   int64_t max_consecutive_nan = 3;
   double update_ratio_alarm = 0.1;
   double loss_alarm_factor = 3.0;
   double clip_rate_warn = 0.5;
   RollbackConfig rollback;
+  ScreenConfig screen;
   RecoveryConfig recovery;
   int64_t top_k_samples = 8;
   bool operator==(const StabilityConfig&) const = default;
 };
 
+// Stable snapshots: the checkpoints a rollback may go back to. A checkpoint at a stable boundary is
+// promoted when no alarm came within the `window` steps before it, no incident is open, it is not
+// recovering and its loss is within the band of the running median.
 struct StableConfig {
-  int64_t every_steps = 0;  // 0 = same as checkpoint.every_steps
+  int64_t every_steps = kAuto;  // auto (and 0): every checkpoint
   int64_t keep = 2;
-  int64_t window = 100;
+  int64_t window = kAuto;  // auto: one checkpoint interval
   bool require_no_alarms = true;
   bool operator==(const StableConfig&) const = default;
 };
 
 struct CheckpointConfig {
-  std::string dir;          // empty = RUN_DIR/checkpoints
-  int64_t every_steps = 0;  // 0 = only at the end
+  std::string dir;  // empty = RUN_DIR/checkpoints
+  // auto: the interval at which a save costs about max_overhead of training time, measured on the
+  // run itself (a save's stall and the step time); 0 = only at the end.
+  int64_t every_steps = kAuto;
+  double max_overhead = 0.01;
   int64_t keep_last = 3;
   bool async = false;
   StableConfig stable;
@@ -159,13 +281,13 @@ struct EvalConfig {
 struct LoggingConfig {
   int64_t every_steps = 10;
   bool tensorboard = false;
-  std::string progress = "auto";  // auto|on|off
-  bool sample_ids = false;        // RUN_DIR/samples.jsonl: the sample ids of every step
+  Switch progress = Switch::kAuto;
+  bool sample_ids = false;  // RUN_DIR/samples.jsonl: the sample ids of every step
   bool operator==(const LoggingConfig&) const = default;
 };
 
 struct DistributedConfig {
-  std::string backend = "auto";  // auto|nccl|gloo
+  Backend backend = Backend::kAuto;
   double timeout_s = 600.0;
   double bucket_mb = 25.0;
   int64_t zero = 0;  // 0|1
@@ -191,12 +313,13 @@ struct ProductionConfig {
 };
 
 struct FaultSpec {
-  std::string kind;  // corrupt_batch|nan_grad|lr_spike|loader_stall|drop_samples|crash
+  FaultKind kind = FaultKind::kCorruptBatch;
   int64_t at_step = 0;
   int64_t steps = 1;
-  std::string mode;      // corrupt_batch: random_tokens|repeat_token|shuffled
-  double factor = 1.0;   // lr_spike multiplier, drop_samples fraction
-  double seconds = 0.0;  // loader_stall duration
+  CorruptMode mode = CorruptMode::kRandomTokens;  // corrupt_batch
+  double factor = 1.0;                            // lr_spike multiplier, drop_samples fraction
+  double seconds = 0.0;                           // loader_stall duration
+  std::string path;  // splice_data: a prepared dataset whose windows replace the data
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -230,6 +353,8 @@ void visit(V& v, RunConfig& c) {
   v.field("max_steps", c.max_steps);
   v.field("device", c.device);
   v.field("precision", c.precision);
+  v.field("fp16_initial_scale", c.fp16_initial_scale);
+  v.field("fp16_growth_interval", c.fp16_growth_interval);
   v.field("deterministic", c.deterministic);
   v.field("threads", c.threads);
   v.field("host_allocator", c.host_allocator);
@@ -238,7 +363,7 @@ void visit(V& v, RunConfig& c) {
 template <class V>
 void visit(V& v, ModelConfig& c) {
   v.field("arch", c.arch);
-  v.field("vocab_size", c.vocab_size);
+  v.field("vocab_size", c.vocab_size, kAutoAllowed);
   v.field("d_model", c.d_model);
   v.field("n_layers", c.n_layers);
   v.field("n_heads", c.n_heads);
@@ -296,7 +421,7 @@ void visit(V& v, PhasesConfig& c) {
 template <class V>
 void visit(V& v, ScheduleConfig& c) {
   v.field("kind", c.kind);
-  v.field("warmup_steps", c.warmup_steps);
+  v.field("warmup_steps", c.warmup_steps, kAutoAllowed);
   v.field("min_lr_ratio", c.min_lr_ratio);
   v.section("phases", c.phases);
 }
@@ -304,12 +429,22 @@ template <class V>
 void visit(V& v, RollbackConfig& c) {
   v.field("enabled", c.enabled);
   v.field("max_rollbacks", c.max_rollbacks);
+  v.field("max_incidents", c.max_incidents);
+  v.field("incident_window_steps", c.incident_window_steps);
+  v.field("stuck_steps", c.stuck_steps, kAutoAllowed);
   v.field("skip_data", c.skip_data);
   v.field("skip_ahead_steps", c.skip_ahead_steps);
 }
 template <class V>
+void visit(V& v, ScreenConfig& c) {
+  v.field("enabled", c.enabled);
+  v.field("factor", c.factor);
+  v.field("z", c.z);
+  v.field("min_samples", c.min_samples);
+}
+template <class V>
 void visit(V& v, RecoveryConfig& c) {
-  v.field("steps", c.steps);
+  v.field("steps", c.steps, kAutoAllowed);
   v.field("lr_factor", c.lr_factor);
   v.field("on_resume", c.on_resume);
 }
@@ -325,20 +460,22 @@ void visit(V& v, StabilityConfig& c) {
   v.field("loss_alarm_factor", c.loss_alarm_factor);
   v.field("clip_rate_warn", c.clip_rate_warn);
   v.section("rollback", c.rollback);
+  v.section("screen", c.screen);
   v.section("recovery", c.recovery);
   v.field("top_k_samples", c.top_k_samples);
 }
 template <class V>
 void visit(V& v, StableConfig& c) {
-  v.field("every_steps", c.every_steps);
+  v.field("every_steps", c.every_steps, kAutoAllowed);
   v.field("keep", c.keep);
-  v.field("window", c.window);
+  v.field("window", c.window, kAutoAllowed);
   v.field("require_no_alarms", c.require_no_alarms);
 }
 template <class V>
 void visit(V& v, CheckpointConfig& c) {
   v.field("dir", c.dir);
-  v.field("every_steps", c.every_steps);
+  v.field("every_steps", c.every_steps, kAutoAllowed);
+  v.field("max_overhead", c.max_overhead);
   v.field("keep_last", c.keep_last);
   v.field("async", c.async);
   v.section("stable", c.stable);
@@ -381,6 +518,7 @@ void visit(V& v, FaultSpec& c) {
   v.field("mode", c.mode);
   v.field("factor", c.factor);
   v.field("seconds", c.seconds);
+  v.field("path", c.path);
 }
 template <class V>
 void visit(V& v, Config& c) {
@@ -401,5 +539,23 @@ void visit(V& v, Config& c) {
 // Derived quantities that several modules need; defined once here so they agree.
 int64_t effective_d_ff(const ModelConfig& m);
 int64_t effective_kv_heads(const ModelConfig& m);
+// Model FLOPs per trained token (forward + backward): 6 x non-embedding parameters, the attention
+// term 12 x n_layers x d_model x seq_len, and the output projection 6 x d_model x vocab_size. The
+// one formula the trainer's MFU, validate and the benchmarks use.
+double flops_per_token(const ModelConfig& m);
+// Parameters of the model this config builds (tied embeddings counted once).
+int64_t parameter_count(const ModelConfig& m);
+// The `auto` keys that depend only on the config itself.
+// Warmup: auto is phases.warmup x max_steps for three_phase, else max_steps / 10 capped at 2,000
+// (the seed's "2,000 steps to start"); never past max_steps.
+int64_t warmup_steps(const ScheduleConfig& s, int64_t max_steps);
+int64_t recovery_steps(const StabilityConfig& s, int64_t max_steps);
+int64_t stuck_steps(const RollbackConfig& r, int64_t max_steps);
+// vocab_size: auto -> the data's vocabulary padded up to a multiple of 64.
+int64_t padded_vocab_size(int64_t data_vocab_size);
+// The config with every `auto` that the config (and the data's vocabulary, when known) decides
+// replaced by its value, as the run directory's config.resolved.yaml records it. The checkpoint
+// cadence stays auto: the trainer measures it.
+Config resolve_auto(Config config, std::optional<int64_t> data_vocab_size);
 
 }  // namespace keel::config

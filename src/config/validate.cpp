@@ -35,6 +35,12 @@ std::string num(double v) {
   return text;
 }
 std::string num(int64_t v) { return std::to_string(v); }
+// Three significant digits, for a computed suggestion rather than a value the user wrote.
+std::string approx(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g", v);
+  return buffer;
+}
 
 std::string human_bytes(double bytes) {
   char buffer[32];
@@ -85,18 +91,13 @@ class Checker {
     out_.push_back({Diagnostic::Severity::kWarning, key, loaded_.where(key), message});
   }
 
-  void one_of(const std::string& key, const std::string& value,
-              std::initializer_list<const char*> valid) {
-    std::string list;
-    for (const char* option : valid) {
-      if (value == option) return;
-      list += (list.empty() ? "" : "|") + std::string(option);
-    }
-    error(key, "must be one of " + list + " (got '" + value + "')");
-  }
-
   void at_least(const std::string& key, int64_t value, int64_t min) {
     if (value < min) error(key, "must be >= " + num(min) + " (got " + num(value) + ")");
+  }
+  // A key that also takes `auto` (kAuto).
+  void auto_or_at_least(const std::string& key, int64_t value, int64_t min) {
+    if (value != kAuto && value < min)
+      error(key, "must be auto or >= " + num(min) + " (got " + num(value) + ")");
   }
 
   // value in the interval from lo to hi; `open` ends exclude their bound.
@@ -128,12 +129,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 void check_run(Checker& c, const RunConfig& run) {
   if (run.name.empty()) c.error("run.name", "must not be empty (it names the run directory)");
   c.at_least("run.max_steps", run.max_steps, 1);
-  c.one_of("run.device", run.device, {"auto", "cpu", "cuda"});
-  c.one_of("run.precision", run.precision, {"bf16", "fp16", "fp32"});
   c.at_least("run.threads", run.threads, 0);
-  c.one_of("run.host_allocator", run.host_allocator, {"caching", "system"});
-  c.one_of("run.cpu_matmul", run.cpu_matmul, {"onednn", "aten"});
-  if (run.precision == "fp16")
+  c.positive("run.fp16_initial_scale", run.fp16_initial_scale);
+  c.at_least("run.fp16_growth_interval", run.fp16_growth_interval, 1);
+  if (run.precision == Precision::kFp16)
     c.warning("run.precision", "fp16 needs loss scaling; bf16 is safer where supported");
 }
 
@@ -153,7 +152,7 @@ void check_model_shape(Checker& c, const ModelConfig& m) {
                                     num(m.n_kv_heads) + ")");
   }
   const int64_t head_dim = m.d_model / m.n_heads;
-  if (m.arch == "llama" && head_dim % 2 != 0) {
+  if (m.arch == Arch::kLlama && head_dim % 2 != 0) {
     c.error("model.d_model",
             "llama's rotary embedding (RoPE) needs an even head dim, but d_model / "
             "n_heads = " +
@@ -161,9 +160,12 @@ void check_model_shape(Checker& c, const ModelConfig& m) {
   }
 }
 
-void check_model(Checker& c, const ModelConfig& m) {
-  c.one_of("model.arch", m.arch, {"llama", "gpt2"});
-  c.at_least("model.vocab_size", m.vocab_size, 2);
+void check_model(Checker& c, const ModelConfig& m, const DataConfig& d) {
+  c.auto_or_at_least("model.vocab_size", m.vocab_size, 2);
+  if (m.vocab_size == kAuto && d.source != DataSource::kShards)
+    c.error("model.vocab_size",
+            "auto takes the vocabulary of prepared shards (data.source: shards); the synthetic "
+            "source has none of its own: give a number");
   c.at_least("model.d_model", m.d_model, 1);
   c.at_least("model.n_layers", m.n_layers, 1);
   c.at_least("model.n_heads", m.n_heads, 1);
@@ -197,14 +199,12 @@ void check_loader(Checker& c, const LoaderConfig& l) {
 }
 
 void check_data(Checker& c, const DataConfig& d) {
-  c.one_of("data.source", d.source, {"synthetic", "shards"});
-  if (d.source == "shards" && d.path.empty()) {
+  if (d.source == DataSource::kShards && d.path.empty()) {
     c.error("data.source",
             "shards needs data.path, the directory `keel prepare` wrote (it is empty)");
   }
   c.at_least("data.micro_batch_size", d.micro_batch_size, 1);
   c.at_least("data.grad_accum_steps", d.grad_accum_steps, 1);
-  c.one_of("data.sampling", d.sampling, {"stratified", "random", "sequential"});
   c.at_least("data.buckets", d.buckets, 1);
   c.at_least("data.min_clusters_per_batch", d.min_clusters_per_batch, 1);
   check_loader(c, d.loader);
@@ -214,7 +214,6 @@ void check_data(Checker& c, const DataConfig& d) {
 }
 
 void check_optim(Checker& c, const OptimConfig& o, const RunConfig& run) {
-  c.one_of("optim.name", o.name, {"adamw", "lion"});
   c.in_range("optim.lr", o.lr, 0, 1, Ends::kOpenLow);
   if (o.betas.size() != 2) {
     c.error("optim.betas",
@@ -237,15 +236,12 @@ void check_optim(Checker& c, const OptimConfig& o, const RunConfig& run) {
                   "much decoupled decay visibly shrinks weights; make sure it is intended");
   }
   c.positive("optim.grad_clip", o.grad_clip);
-  c.one_of("optim.clip_mode", o.clip_mode, {"global", "adaptive"});
   c.positive("optim.adaptive_clip_z", o.adaptive_clip_z);
-  c.one_of("optim.fused", o.fused, {"auto", "on", "off"});
 }
 
 void check_schedule(Checker& c, const ScheduleConfig& s, int64_t max_steps) {
-  c.one_of("schedule.kind", s.kind, {"cosine", "three_phase", "constant"});
-  c.at_least("schedule.warmup_steps", s.warmup_steps, 0);
-  if (max_steps >= 1 && s.warmup_steps >= max_steps) {
+  c.auto_or_at_least("schedule.warmup_steps", s.warmup_steps, 0);
+  if (max_steps >= 1 && s.warmup_steps != kAuto && s.warmup_steps >= max_steps) {
     c.error("schedule.warmup_steps", "must be below run.max_steps (" + num(max_steps) + ") (got " +
                                          num(s.warmup_steps) + ")");
   }
@@ -257,6 +253,15 @@ void check_schedule(Checker& c, const ScheduleConfig& s, int64_t max_steps) {
   if (!(std::fabs(sum - 1.0) <= 1e-6)) {
     c.error("schedule.phases", "warmup + stable + decay must sum to 1 (got " + num(sum) + ")");
   }
+  // An explicit warmup_steps replaces phases.warmup; the decay phase keeps its length.
+  if (s.kind == ScheduleKind::kThreePhase && s.warmup_steps != kAuto && max_steps >= 1 &&
+      s.warmup_steps + std::llround(s.phases.decay * static_cast<double>(max_steps)) > max_steps) {
+    c.error("schedule.warmup_steps",
+            "with three_phase, warmup_steps (" + num(s.warmup_steps) +
+                ") plus the decay phase (phases.decay x run.max_steps = " +
+                num(static_cast<int64_t>(std::llround(s.phases.decay * max_steps))) +
+                ") must fit in run.max_steps (" + num(max_steps) + ")");
+  }
 }
 
 void check_stability(Checker& c, const StabilityConfig& s) {
@@ -266,55 +271,73 @@ void check_stability(Checker& c, const StabilityConfig& s) {
     c.error("stability.pause_factor", "must be above stability.warn_factor (" + num(s.warn_factor) +
                                           ") (got " + num(s.pause_factor) + ")");
   }
-  c.one_of("stability.nan_policy", s.nan_policy, {"skip", "pause", "abort"});
   c.at_least("stability.max_consecutive_nan", s.max_consecutive_nan, 1);
   c.positive("stability.update_ratio_alarm", s.update_ratio_alarm);
   c.in_range("stability.loss_alarm_factor", s.loss_alarm_factor, 1, kInf, Ends::kOpen);
   c.in_range("stability.clip_rate_warn", s.clip_rate_warn, 0, 1, Ends::kOpenLow);
   c.at_least("stability.rollback.max_rollbacks", s.rollback.max_rollbacks, 0);
+  c.at_least("stability.rollback.max_incidents", s.rollback.max_incidents, 1);
+  c.at_least("stability.rollback.incident_window_steps", s.rollback.incident_window_steps, 1);
+  c.auto_or_at_least("stability.rollback.stuck_steps", s.rollback.stuck_steps, 1);
   c.at_least("stability.rollback.skip_ahead_steps", s.rollback.skip_ahead_steps, 0);
-  c.at_least("stability.recovery.steps", s.recovery.steps, 0);
+  c.in_range("stability.screen.factor", s.screen.factor, 1, kInf, Ends::kOpen);
+  c.positive("stability.screen.z", s.screen.z);
+  c.at_least("stability.screen.min_samples", s.screen.min_samples, 1);
+  c.auto_or_at_least("stability.recovery.steps", s.recovery.steps, 0);
   c.in_range("stability.recovery.lr_factor", s.recovery.lr_factor, 0, 1, Ends::kOpenLow);
-  c.one_of("stability.recovery.on_resume", s.recovery.on_resume, {"stable", "always", "never"});
   c.at_least("stability.top_k_samples", s.top_k_samples, 0);
 }
 
 void check_periodic(Checker& c, const Config& cfg) {
-  c.at_least("checkpoint.every_steps", cfg.checkpoint.every_steps, 0);
+  c.auto_or_at_least("checkpoint.every_steps", cfg.checkpoint.every_steps, 0);
+  c.in_range("checkpoint.max_overhead", cfg.checkpoint.max_overhead, 0, 1, Ends::kOpen);
   c.at_least("checkpoint.keep_last", cfg.checkpoint.keep_last, 1);
-  c.at_least("checkpoint.stable.every_steps", cfg.checkpoint.stable.every_steps, 0);
+  c.auto_or_at_least("checkpoint.stable.every_steps", cfg.checkpoint.stable.every_steps, 0);
   c.at_least("checkpoint.stable.keep", cfg.checkpoint.stable.keep, 1);
-  c.at_least("checkpoint.stable.window", cfg.checkpoint.stable.window, 0);
+  c.auto_or_at_least("checkpoint.stable.window", cfg.checkpoint.stable.window, 0);
   c.at_least("eval.every_steps", cfg.eval.every_steps, 0);
   c.at_least("eval.batches", cfg.eval.batches, 1);
   c.at_least("logging.every_steps", cfg.logging.every_steps, 0);
-  c.one_of("logging.progress", cfg.logging.progress, {"auto", "on", "off"});
+  if (cfg.logging.tensorboard)
+    c.error("logging.tensorboard",
+            "TensorBoard event files are not written yet (planned: issue 14); set it to false and "
+            "read RUN_DIR/metrics.jsonl");
 }
 
 void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& run) {
-  c.one_of("distributed.backend", d.backend, {"auto", "nccl", "gloo"});
-  if (d.backend == "nccl" && run.device == "cpu") {
+  if (d.backend == Backend::kNccl && run.device == Device::kCpu) {
     c.error("distributed.backend", "nccl needs CUDA, but run.device is cpu; use gloo or auto");
   }
   c.positive("distributed.timeout_s", d.timeout_s);
   c.positive("distributed.bucket_mb", d.bucket_mb);
   if (d.zero != 0 && d.zero != 1)
     c.error("distributed.zero", "must be 0 or 1 (got " + num(d.zero) + ")");
+  else if (d.zero == 1)
+    c.error("distributed.zero",
+            "1 shards the optimizer state across ranks, but keel trains in one process so far "
+            "(many ranks over c10d: issue 13); set it to 0");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
   for (size_t i = 0; i < faults.size(); ++i) {
     const FaultSpec& f = faults[i];
     const std::string key = "faults[" + std::to_string(i) + "]";
-    c.one_of(key + ".kind", f.kind,
-             {"corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples", "crash"});
     c.at_least(key + ".at_step", f.at_step, 0);
     c.at_least(key + ".steps", f.steps, 1);
-    if (f.kind == "corrupt_batch")
-      c.one_of(key + ".mode", f.mode, {"random_tokens", "repeat_token", "shuffled"});
-    if (f.kind == "lr_spike") c.positive(key + ".factor", f.factor);
-    if (f.kind == "drop_samples") c.in_range(key + ".factor", f.factor, 0, 1, Ends::kOpenLow);
-    if (f.kind == "loader_stall") c.positive(key + ".seconds", f.seconds);
+    if (f.kind == FaultKind::kLrSpike) c.positive(key + ".factor", f.factor);
+    if (f.kind == FaultKind::kDropSamples)
+      c.in_range(key + ".factor", f.factor, 0, 1, Ends::kOpenLow);
+    if (f.kind == FaultKind::kLoaderStall) c.positive(key + ".seconds", f.seconds);
+    if (f.kind == FaultKind::kSpliceData) {
+      std::error_code ec;
+      if (f.path.empty() || !fs::exists(fs::path(f.path) / "meta.json", ec))
+        c.error(key + ".path",
+                "splice_data needs a dataset prepared by `keel prepare` (a directory "
+                "with meta.json) (got '" +
+                    f.path + "')");
+    } else if (!f.path.empty()) {
+      c.error(key + ".path", "only splice_data reads a path");
+    }
   }
 }
 
@@ -354,14 +377,43 @@ void check_validated(Checker& c, const Config& cfg, int64_t world_size) {
               num(combo.lr[1]) + "], global_batch [" + num(combo.global_batch[0]) + ", " +
               num(combo.global_batch[1]) + "]}";
   }
-  c.error("production.validated", "lr=" + num(lr) + ", global_batch=" + num(global_batch) +
-                                      " (micro_batch_size " + num(cfg.data.micro_batch_size) +
-                                      " x grad_accum_steps " + num(cfg.data.grad_accum_steps) +
-                                      " x world_size " + num(world_size) +
-                                      ") lies outside every validated combination: " + listed);
+  // The seed's rule for a batch no combination covers: lr x sqrt(batch ratio) with a longer
+  // warmup, from the combination nearest in batch; and its safer path first.
+  std::string advice;
+  const ValidatedCombo* nearest = nullptr;
+  double nearest_gb = 0, distance = kInf;
+  for (const auto& combo : combos) {
+    const double gb =
+        std::clamp(static_cast<double>(global_batch), combo.global_batch[0], combo.global_batch[1]);
+    const double d = std::fabs(std::log(static_cast<double>(global_batch) / std::max(gb, 1.0)));
+    if (d < distance) distance = d, nearest = &combo, nearest_gb = gb;
+  }
+  if (nearest && distance == 0) {
+    advice = "; HINT: at global_batch " + num(global_batch) + " the validated lr is [" +
+             num(nearest->lr[0]) + ", " + num(nearest->lr[1]) +
+             "]; another lr needs a validation run and an entry in production.validated";
+  } else if (nearest && nearest_gb > 0) {
+    const double ratio = static_cast<double>(global_batch) / nearest_gb;
+    const double scaled_lr = nearest->lr[1] * std::sqrt(ratio);
+    const int64_t warmup = warmup_steps(cfg.schedule, cfg.run.max_steps);
+    advice =
+        "; HINT: the safer path is to raise the batch and keep a validated lr (validate "
+        "lr " +
+        num(nearest->lr[1]) + " at global_batch " + num(global_batch) +
+        " before anything else); scaling it by sqrt(" + num(global_batch) + "/" + num(nearest_gb) +
+        ") gives lr " + approx(scaled_lr) + ", which needs a longer warmup too (e.g. " +
+        num(static_cast<int64_t>(std::llround(warmup * std::max(ratio, 1.0)))) +
+        " steps instead of " + num(warmup) + ") and a new entry in production.validated";
+  }
+  c.error("production.validated",
+          "lr=" + num(lr) + ", global_batch=" + num(global_batch) + " (micro_batch_size " +
+              num(cfg.data.micro_batch_size) + " x grad_accum_steps " +
+              num(cfg.data.grad_accum_steps) + " x world_size " + num(world_size) +
+              ") lies outside every validated combination: " + listed + advice);
 }
 
 void check_vocab(Checker& c, const ModelConfig& m, int64_t data_vocab) {
+  if (m.vocab_size == kAuto) return;  // resolved from the data, so it fits
   if (m.vocab_size < data_vocab) {
     c.error("model.vocab_size", "must be >= the data's vocabulary (" + num(data_vocab) + ") (got " +
                                     num(m.vocab_size) +
@@ -405,10 +457,11 @@ void check_filesystem(Checker& c, const Config& cfg, int64_t parameters,
   }
 }
 
-void warn_short_warmup(Checker& c, const ScheduleConfig& s, int64_t parameters) {
-  if (parameters > 1'000'000'000 && s.warmup_steps < 2000) {
+void warn_short_warmup(Checker& c, const ScheduleConfig& s, int64_t max_steps, int64_t parameters) {
+  const int64_t warmup = warmup_steps(s, max_steps);
+  if (parameters > 1'000'000'000 && warmup < 2000) {
     c.warning("schedule.warmup_steps",
-              num(s.warmup_steps) + " warmup steps is short for a model of ~" +
+              num(warmup) + " warmup steps is short for a model of ~" +
                   human_count(double(parameters)) +
                   " parameters; large models often diverge early without >= 2000");
   }
@@ -430,7 +483,7 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
   Checker c(loaded);
   const Config& cfg = loaded.config;
   check_run(c, cfg.run);
-  check_model(c, cfg.model);
+  check_model(c, cfg.model, cfg.data);
   check_data(c, cfg.data);
   check_optim(c, cfg.optim, cfg.run);
   check_schedule(c, cfg.schedule, cfg.run.max_steps);
@@ -440,62 +493,19 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
   check_faults(c, cfg.faults);
   check_validated(c, cfg, options.world_size);
   if (options.data_vocab_size) check_vocab(c, cfg.model, *options.data_vocab_size);
-  const int64_t parameters = options.parameter_count.value_or(estimate_parameters(cfg.model));
-  warn_short_warmup(c, cfg.schedule, parameters);
+  ModelConfig model = cfg.model;  // the model as it will be built: auto vocab from the data
+  if (model.vocab_size == kAuto && options.data_vocab_size)
+    model.vocab_size = padded_vocab_size(*options.data_vocab_size);
+  const int64_t parameters = options.parameter_count.value_or(parameter_count(model));
+  warn_short_warmup(c, cfg.schedule, cfg.run.max_steps, parameters);
   if (options.check_filesystem) check_filesystem(c, cfg, parameters, options.run_dir);
   std::vector<Diagnostic> out = std::move(c.diagnostics());
   sort_diagnostics(out);
   return out;
 }
 
-namespace {
-
-// Token embedding (plus the untied output head) and gpt2's learned positions: the parameters that
-// the FLOPs count leaves out.
-double embedding_parameters(const ModelConfig& m) {
-  const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
-  const double V = static_cast<double>(std::max<int64_t>(m.vocab_size, 0));
-  double embeddings = V * C * (m.tie_embeddings ? 1 : 2);
-  if (m.arch == "gpt2") embeddings += static_cast<double>(std::max<int64_t>(m.seq_len, 0)) * C;
-  return embeddings;
-}
-
-}  // namespace
-
-int64_t estimate_parameters(const ModelConfig& m) {
-  // C = d_model, H = heads, Hkv = key/value heads, D = head dim, F = MLP width.
-  const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
-  const double L = static_cast<double>(std::max<int64_t>(m.n_layers, 0));
-  const double H = static_cast<double>(std::max<int64_t>(m.n_heads, 1));
-  const double Hkv = static_cast<double>(std::max<int64_t>(effective_kv_heads(m), 1));
-  const double D = C / H;
-  const double F = static_cast<double>(std::max<int64_t>(effective_d_ff(m), 0));
-  const bool gpt2 = m.arch == "gpt2";
-
-  const double embeddings = embedding_parameters(m);
-  // Attention: q and o are C x C; k and v are C x (Hkv*D). gpt2 has biases, llama none.
-  double attention = 2 * C * C + 2 * C * Hkv * D;
-  if (gpt2) attention += 2 * C + 2 * Hkv * D;
-  // MLP: llama's SwiGLU has gate, up and down; gpt2 has up and down with biases.
-  const double mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
-  // Norms: two per layer plus a final one; LayerNorm (gpt2) has a bias, RMSNorm (llama) not.
-  const double norm = gpt2 ? 2 * C : C;
-  const double qk_norm = m.qk_norm ? 2 * D : 0;
-  return to_int64(embeddings + L * (attention + mlp + 2 * norm + qk_norm) + norm);
-}
-
 int64_t estimate_checkpoint_bytes(const Config& config) {
-  return checkpoint_bytes_for(estimate_parameters(config.model));
-}
-
-double estimate_flops_per_token(const ModelConfig& m) {
-  const double C = static_cast<double>(std::max<int64_t>(m.d_model, 0));
-  const double V = static_cast<double>(std::max<int64_t>(m.vocab_size, 0));
-  const double L = static_cast<double>(std::max<int64_t>(m.n_layers, 0));
-  const double T = static_cast<double>(std::max<int64_t>(m.seq_len, 0));
-  const double non_embedding =
-      static_cast<double>(estimate_parameters(m)) - embedding_parameters(m);
-  return 6.0 * non_embedding + 12.0 * L * C * T + 6.0 * C * V;
+  return checkpoint_bytes_for(parameter_count(config.model));
 }
 
 fs::path checkpoint_dir(const Config& cfg, const std::string& run_dir) {

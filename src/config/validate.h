@@ -31,14 +31,9 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
 // loaded.diagnostics with validate()'s result into one list.
 void sort_diagnostics(std::vector<Diagnostic>& diagnostics);
 
-// Parameter count of the model shape (embeddings included, tied counted once), and the size of a
-// checkpoint for it in bytes (fp32 weights + fp32 AdamW moments + small state).
-int64_t estimate_parameters(const ModelConfig& model);
+// The size of a checkpoint for the config's model in bytes (fp32 weights + fp32 AdamW moments +
+// small state). Parameters and FLOPs per token: config::parameter_count / flops_per_token.
 int64_t estimate_checkpoint_bytes(const Config& config);
-// Model FLOPs per trained token (forward + backward): 6 x non-embedding parameters, the attention
-// score/value term 12*L*C*T, and the output projection 6*C*V. The same formula as
-// Transformer::flops_per_token(), from the config alone.
-double estimate_flops_per_token(const ModelConfig& model);
 
 // Where checkpoints go when checkpoint.dir is not set: RUN_DIR/checkpoints, with RUN_DIR the
 // given run directory or else run.out_dir/run.name; and the directory that exists now under

@@ -14,6 +14,10 @@ namespace keel::data {
 struct Batch {
   torch::Tensor tokens;      // (B, T+1) int64: inputs are [:, :-1], targets [:, 1:]
   torch::Tensor sample_ids;  // (B) int64: global sample ids
+  // Shards only (undefined otherwise), for the data statistics: the length of the document each
+  // window starts in, and the sampler's bucket (cluster) of each window. (B) int64 each.
+  torch::Tensor doc_lengths;
+  torch::Tensor buckets;
 };
 
 // What the loader measured since the last call to take_stats(): how long the trainer waited for
@@ -37,6 +41,9 @@ class BatchSource {
   virtual LoaderStats take_stats() { return {}; }
   // Turns token ids back into readable text for forensics (best effort).
   virtual std::string decode(const torch::Tensor& tokens) const = 0;
+  // Where sample `id` comes from, for quarantine.jsonl: {shard, offset, doc_id} for shards (the
+  // shard file and the token offset inside it), empty when the source has no files.
+  virtual nlohmann::json locate(int64_t id) const { return nlohmann::json::object(); }
 };
 
 }  // namespace keel::data

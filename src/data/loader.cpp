@@ -53,6 +53,13 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
     int64_t d = set_->document_at(w * T);
     bucket[w] = d >= 0 ? docs[d].cluster : 0;
   }
+  if (o.shrink_to_fit && windows < o.sampler.micro_batch * o.world_size &&
+      windows >= o.world_size) {
+    // A small val split still evaluates: on fewer sequences per batch, the same ones every time.
+    o.sampler.micro_batch = windows / o.world_size;
+    log::info("data", "{} ({}): {} windows, fewer than a micro-batch: evaluating {} at a time",
+              o.dir, o.split, windows, o.sampler.micro_batch);
+  }
   order_ = std::make_unique<SampleOrder>(o.sampler, std::move(bucket));
   int64_t global_batch = o.sampler.micro_batch * o.world_size;
   if (order_->epoch_length() < global_batch)
@@ -65,7 +72,7 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
             "{} ({}): {} tokens, {} documents, {} windows of {}+1 tokens, epoch {} "
             "samples, sampler {}",
             o.dir, o.split, set_->num_tokens(), docs.size(), windows, T, order_->epoch_length(),
-            o.sampler.kind);
+            config::name_of(o.sampler.kind));
 }
 
 ShardLoader::~ShardLoader() { stop(); }
@@ -98,7 +105,8 @@ double ShardLoader::drop_fraction(int64_t micro_batch) const {
   int64_t step = micro_batch / options_.grad_accum_steps;
   double f = 0.0;
   for (const auto& fault : options_.faults)
-    if (fault.kind == "drop_samples" && step >= fault.at_step) f = std::max(f, fault.factor);
+    if (fault.kind == config::FaultKind::kDropSamples && step >= fault.at_step)
+      f = std::max(f, fault.factor);
   return std::clamp(f, 0.0, 0.99);  // 1.0 would never fill a batch
 }
 
@@ -107,7 +115,7 @@ double ShardLoader::stall_seconds(int64_t micro_batch) const {
   int64_t step = micro_batch / options_.grad_accum_steps;
   double s = 0.0;
   for (const auto& fault : options_.faults)
-    if (fault.kind == "loader_stall" && step >= fault.at_step &&
+    if (fault.kind == config::FaultKind::kLoaderStall && step >= fault.at_step &&
         step < fault.at_step + std::max<int64_t>(fault.steps, 1))
       s += fault.seconds;
   return s;
@@ -159,15 +167,20 @@ void ShardLoader::worker() {
       }
       auto tokens = torch::empty({B, T + 1}, torch::kInt64);  // (B, T+1)
       auto ids = torch::empty({B}, torch::kInt64);            // (B)
+      auto lengths = torch::empty({B}, torch::kInt64);        // (B)
+      auto buckets = torch::empty({B}, torch::kInt64);        // (B)
       auto* tok = tokens.data_ptr<int64_t>();
       auto* id = ids.data_ptr<int64_t>();
       for (int64_t b = 0; b < B; ++b) {
         id[b] = windows[b];
         set_->read(windows[b] * T, T + 1, tok + b * (T + 1));
+        const int64_t doc = set_->document_at(windows[b] * T);
+        lengths.data_ptr<int64_t>()[b] = doc >= 0 ? set_->documents()[doc].length : 0;
+        buckets.data_ptr<int64_t>()[b] = order_->bucket_of(windows[b]);
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ready_[k] = Item{{tokens, ids}, end};
+        ready_[k] = Item{{tokens, ids, lengths, buckets}, end};
         last_arrival_ = Clock::now();
       }
       produced_.notify_all();
@@ -243,7 +256,7 @@ nlohmann::json ShardLoader::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {{"kind", "shards"},
           {"split", options_.split},
-          {"sampler", options_.sampler.kind},
+          {"sampler", config::name_of(options_.sampler.kind)},
           {"seed", options_.sampler.seed},
           {"epoch_length", order_->epoch_length()},
           {"micro_batch", options_.sampler.micro_batch},
@@ -262,9 +275,9 @@ void ShardLoader::load_state(const nlohmann::json& s) {
   try {
     if (s.at("kind").get<std::string>() != "shards")
       fail("it was saved by a non-shard data source");
-    if (s.at("sampler").get<std::string>() != options_.sampler.kind)
+    if (s.at("sampler").get<std::string>() != config::name_of(options_.sampler.kind))
       fail("saved with sampler " + s.at("sampler").get<std::string>() + ", now " +
-           options_.sampler.kind);
+           std::string(config::name_of(options_.sampler.kind)));
     if (s.at("seed").get<uint64_t>() != options_.sampler.seed) fail("saved with another seed");
     if (s.at("epoch_length").get<int64_t>() != order_->epoch_length())
       fail("saved with an epoch of " + s.at("epoch_length").dump() +
@@ -302,6 +315,16 @@ std::string ShardLoader::decode(const torch::Tensor& tokens) const {
   return tokenizer_->decode(t.data_ptr<int64_t>(), static_cast<size_t>(t.numel()));
 }
 
+nlohmann::json ShardLoader::locate(int64_t id) const {
+  const int64_t pos = id * options_.seq_len;  // window id -> its first stream token
+  const auto [shard, offset] = set_->shard_at(pos);
+  if (shard.empty()) return nlohmann::json::object();
+  const int64_t doc = set_->document_at(pos);
+  nlohmann::json out = {{"shard", set_->dir() + "/" + shard}, {"offset", offset}};
+  if (doc >= 0) out["doc_id"] = set_->documents()[doc].doc_id;
+  return out;
+}
+
 std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int rank, int world_size,
                                                bool validation) {
   LoaderOptions o;
@@ -322,7 +345,8 @@ std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int ra
   o.world_size = world_size;
   o.grad_accum_steps = cfg.data.grad_accum_steps;
   o.model_vocab_size = cfg.model.vocab_size;
-  o.sampler.kind = validation ? "sequential" : cfg.data.sampling;
+  o.sampler.kind = validation ? config::Sampling::kSequential : cfg.data.sampling;
+  o.shrink_to_fit = validation;
   o.sampler.seed = static_cast<uint64_t>(cfg.run.seed);
   o.sampler.micro_batch = cfg.data.micro_batch_size;
   o.sampler.buckets = cfg.data.buckets;

@@ -54,6 +54,9 @@ struct LoaderOptions {
   SamplerConfig sampler;
   config::LoaderConfig loader;
   std::vector<config::FaultSpec> faults;  // loader_stall / drop_samples are honoured
+  // Validation: a split with fewer windows than a global micro-batch serves smaller micro-batches
+  // instead of refusing.
+  bool shrink_to_fit = false;
 };
 
 class ShardLoader : public BatchSource {
@@ -70,6 +73,7 @@ class ShardLoader : public BatchSource {
   int64_t samples_served() const override { return served_; }
   LoaderStats take_stats() override;
   std::string decode(const torch::Tensor& tokens) const override;
+  nlohmann::json locate(int64_t id) const override;
 
   const ShardSet& shards() const { return *set_; }
   int64_t epoch_length() const { return order_->epoch_length(); }

@@ -138,6 +138,14 @@ double cpu_seconds() {
 
 }  // namespace
 
+PrepareOptions recommended_prepare_options() {
+  PrepareOptions o;
+  o.val_fraction = 0.02;
+  o.length.drop_percentile_tails = 0.5;
+  o.keep_whole = 0.1;
+  return o;
+}
+
 nlohmann::json prepare(const PrepareOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = cpu_seconds();

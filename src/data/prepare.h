@@ -43,6 +43,13 @@ struct PrepareOptions {
   std::string command;  // the command line, recorded in meta.json
 };
 
+// What `keel prepare` does unless told otherwise, following the seed: a val split (2 % of the
+// documents), length-tail filtering (the shortest and longest 0.5 %), and 10 % of the documents
+// that fit a window kept whole (started on a window boundary behind boundary tokens) instead of
+// split. Each is turned off with 0 (--val-fraction 0, --drop-percentile-tails 0, --keep-whole 0).
+// A default-constructed PrepareOptions does none of these (the library's plain form).
+PrepareOptions recommended_prepare_options();
+
 // Runs the pipeline; returns report.json's content (also written to OUTPUT/report.json).
 // Throws DataError for unusable inputs or options.
 nlohmann::json prepare(const PrepareOptions& options);

@@ -9,12 +9,10 @@ namespace keel::data {
 
 SampleOrder::SampleOrder(SamplerConfig config, std::vector<uint32_t> window_bucket)
     : config_(std::move(config)), bucket_(std::move(window_bucket)) {
-  if (config_.kind != "stratified" && config_.kind != "random" && config_.kind != "sequential")
-    throw std::invalid_argument("unknown sampler '" + config_.kind + "'");
   if (config_.micro_batch < 1) throw std::invalid_argument("micro_batch must be positive");
   config_.buckets = std::max<int64_t>(config_.buckets, 1);
   for (auto& b : bucket_) b %= static_cast<uint32_t>(config_.buckets);
-  if (config_.kind == "stratified") {
+  if (config_.kind == config::Sampling::kStratified) {
     order_ = build(0);  // every epoch places the same number of windows (see build)
     cached_epoch_ = 0;
     epoch_length_ = static_cast<int64_t>(order_.size());
@@ -38,10 +36,10 @@ std::vector<int64_t> SampleOrder::build(int64_t epoch) const {
   std::mt19937_64 rng(config_.seed * 0x9E3779B97F4A7C15ull +
                       static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull + 1);
   std::vector<int64_t> order;
-  if (config_.kind == "sequential" || config_.kind == "random") {
+  if (config_.kind != config::Sampling::kStratified) {
     order.resize(n);
     std::iota(order.begin(), order.end(), 0);
-    if (config_.kind == "random") std::shuffle(order.begin(), order.end(), rng);
+    if (config_.kind == config::Sampling::kRandom) std::shuffle(order.begin(), order.end(), rng);
     order.resize(n / B * B);
     return order;
   }

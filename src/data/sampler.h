@@ -18,10 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "config/schema.h"
+
 namespace keel::data {
 
 struct SamplerConfig {
-  std::string kind = "stratified";  // stratified|random|sequential
+  config::Sampling kind = config::Sampling::kStratified;
   uint64_t seed = 1234;
   int64_t micro_batch = 8;
   int64_t buckets = 16;

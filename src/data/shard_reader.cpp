@@ -283,6 +283,7 @@ ShardSet::~ShardSet() = default;
 std::unique_ptr<ShardSet> ShardSet::open(const std::string& dir, const std::string& split) {
   std::unique_ptr<ShardSet> set(new ShardSet());
   set->dir_ = dir;
+  set->split_ = split;
   set->meta_ = parse_meta(read_meta_text(dir), dir + "/meta.json");
   auto it = set->meta_.splits.find(split);
   if (it == set->meta_.splits.end())
@@ -330,6 +331,12 @@ void ShardSet::read(int64_t start, int64_t count, int64_t* out) const {
     count -= n;
     ++s;
   }
+}
+
+std::pair<std::string, int64_t> ShardSet::shard_at(int64_t pos) const {
+  if (pos < 0 || pos >= total_tokens_) return {"", -1};
+  const size_t s = std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin() - 1;
+  return {meta_.splits.at(split_).shards.at(s).file, pos - starts_[s]};
 }
 
 int64_t ShardSet::document_at(int64_t pos) const {

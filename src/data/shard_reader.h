@@ -70,10 +70,14 @@ class ShardSet {
   // The document whose tokens (or trailing boundary) contain stream position `pos`; -1 before
   // the first document.
   int64_t document_at(int64_t pos) const;
+  // Where stream position `pos` lives: the shard file (relative to dir()) and the token offset
+  // inside it, so a person can find a sample in the data.
+  std::pair<std::string, int64_t> shard_at(int64_t pos) const;
 
  private:
   ShardSet() = default;
   std::string dir_;
+  std::string split_;
   DatasetMeta meta_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<const uint8_t*> payloads_;

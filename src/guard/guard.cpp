@@ -16,22 +16,58 @@ namespace {
 constexpr double kRisenShare = 0.5;
 // A stable snapshot needs its latest loss within this factor of the running loss median.
 constexpr double kStableLossBand = 1.25;
-// Loss-scale drops and regrowths, each at least this many within a window, mean oscillation.
-constexpr int64_t kScaleOscillations = 3;
+// 1.4826 x MAD estimates the standard deviation of normal data.
+constexpr double kMadToSigma = 1.4826;
+
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
 
 }  // namespace
 
+nlohmann::json Guard::Incident::to_json() const {
+  return {{"id", id},
+          {"first_step", first_step},
+          {"first_iteration", first_iteration},
+          {"furthest_step", furthest_step},
+          {"reason", reason},
+          {"alarms", alarms},
+          {"rollbacks", rollbacks},
+          {"skipped_steps", skipped},
+          {"quiet_steps", quiet}};
+}
+
+Guard::Incident Guard::Incident::from_json(const nlohmann::json& j) {
+  Incident i;
+  i.id = j.at("id").get<int64_t>();
+  i.first_step = j.at("first_step").get<int64_t>();
+  i.first_iteration = j.at("first_iteration").get<int64_t>();
+  i.furthest_step = j.at("furthest_step").get<int64_t>();
+  i.reason = j.at("reason").get<std::string>();
+  i.alarms = j.at("alarms").get<int64_t>();
+  i.rollbacks = j.at("rollbacks").get<int64_t>();
+  i.skipped = j.at("skipped_steps").get<int64_t>();
+  i.quiet = j.value("quiet_steps", int64_t{0});
+  return i;
+}
+
 Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-             int64_t warmup_steps)
+             int64_t warmup_steps, int64_t samples_per_step, int64_t max_steps)
     : cfg_(cfg),
       layer_names_(std::move(layer_names)),
+      max_steps_(max_steps),
       grad_norms_(cfg.median_window),
       losses_(cfg.median_window),
       clip_flags_(cfg.median_window),
       layer_norms_(layer_names_.size(), RunningWindow(cfg.median_window)),
+      sample_losses_(std::clamp<int64_t>(cfg.median_window * std::max<int64_t>(samples_per_step, 1),
+                                         std::min(cfg.screen.min_samples, kMaxScreenWindow),
+                                         kMaxScreenWindow)),
       warmup_steps_(std::max<int64_t>(warmup_steps, 0)),
-      scale_drops_(cfg.median_window),
-      scale_rises_(cfg.median_window) {}
+      scale_drops_(cfg.median_window) {
+  cfg_.recovery.steps = config::recovery_steps(cfg_, max_steps);
+  cfg_.rollback.stuck_steps = config::stuck_steps(cfg_.rollback, max_steps);
+}
 
 nlohmann::json Guard::layer_report(const StepSignals& s) const {
   // Each layer against its own baseline: which modules moved, and did they move together?
@@ -55,36 +91,194 @@ nlohmann::json Guard::layer_report(const StepSignals& s) const {
           {"layers", ratios.size()}};
 }
 
+std::optional<double> Guard::screen_threshold(int64_t step) const {
+  if (!cfg_.screen.enabled || sample_losses_.size() < cfg_.screen.min_samples ||
+      step < kMinBaselineSteps)
+    return std::nullopt;
+  const double median = sample_losses_.median();
+  if (!(median > 0)) return std::nullopt;
+  const double sigma = kMadToSigma * sample_losses_.mad();
+  return std::max(cfg_.screen.factor * median, median + cfg_.screen.z * sigma);
+}
+
+void Guard::abort(const std::string& reason, const std::string& message, nlohmann::json detail,
+                  Decision& d) const {
+  detail["reason"] = reason;
+  detail["incidents"] = incidents();
+  std::string summary;
+  for (const auto& i : detail["incidents"]) summary += "\n  " + i.dump();
+  d.action = Action::kAbort;
+  d.events.push_back({"abort", std::move(detail)});
+  d.stop_message = message + (summary.empty() ? "" : "; incidents:" + summary);
+}
+
+void Guard::count_unapplied(const StepSignals& s, Decision& d) {
+  if (++unapplied_in_a_row_ < cfg_.rollback.stuck_steps || d.action == Action::kAbort) return;
+  abort("stuck",
+        fmt::format("{} step attempts in a row without an applied update (iteration {}, step {}): "
+                    "the run is stuck (stability.rollback.stuck_steps={}); look at the incidents "
+                    "and the data they set aside in quarantine.jsonl",
+                    unapplied_in_a_row_, s.iteration, s.step, cfg_.rollback.stuck_steps),
+        {{"attempts_without_update", unapplied_in_a_row_},
+         {"stuck_steps", cfg_.rollback.stuck_steps}},
+        d);
+}
+
+void Guard::escalate(const StepSignals& s, const std::string& reason, nlohmann::json detail,
+                     Decision& d) {
+  note_alarm(s.step);
+  if (!open_) {
+    // A new incident: within the rate budget?
+    while (!incident_starts_.empty() &&
+           incident_starts_.front() <= s.iteration - cfg_.rollback.incident_window_steps)
+      incident_starts_.pop_front();
+    incident_starts_.push_back(s.iteration);
+    Incident fresh;
+    fresh.id = static_cast<int64_t>(closed_.size()) + 1;
+    fresh.first_step = fresh.furthest_step = s.step;
+    fresh.first_iteration = s.iteration;
+    fresh.reason = reason;
+    open_ = fresh;
+    if (static_cast<int64_t>(incident_starts_.size()) > cfg_.rollback.max_incidents) {
+      ++open_->alarms;
+      abort("max_incidents",
+            fmt::format("{} incidents within {} step attempts (stability.rollback.max_incidents="
+                        "{}, incident_window_steps={}): the run keeps meeting trouble",
+                        incident_starts_.size(), cfg_.rollback.incident_window_steps,
+                        cfg_.rollback.max_incidents, cfg_.rollback.incident_window_steps),
+            {{"incidents_in_window", incident_starts_.size()},
+             {"max_incidents", cfg_.rollback.max_incidents},
+             {"window_steps", cfg_.rollback.incident_window_steps}},
+            d);
+      return;
+    }
+  }
+  Incident& incident = *open_;
+  ++incident.alarms;
+  incident.quiet = 0;
+  incident.furthest_step = std::max(incident.furthest_step, s.step);
+  d.incident = incident.id;
+  detail["reason"] = reason;
+  detail["incident"] = incident.id;
+  detail["alarm_in_incident"] = incident.alarms;
+  d.events.push_back({"pause", std::move(detail)});
+  d.action = Action::kPause;
+  d.needs_diagnosis = true;
+  pending_ = s;
+}
+
+Decision Guard::resolve(Decision d, double model_ratio) {
+  if (!d.needs_diagnosis) return d;
+  d.needs_diagnosis = false;
+  const StepSignals& s = pending_;
+  const bool model_worse = !(model_ratio <= kModelWorse);
+  if (d.skip_reason == "screened_out") {
+    if (!model_worse) {  // the data: the screen was right to mask it all
+      count_unapplied(s, d);
+      return d;
+    }
+    // Every sample far above the baseline, and the model worse on clean data too: the model.
+    escalate(s, "model",
+             {{"loss", s.loss}, {"masked", s.masked_losses.size()}, {"samples", s.samples}}, d);
+    if (d.action == Action::kAbort) return d;
+    d.skip_reason.clear();
+  }
+  GuardEvent* pause = nullptr;
+  for (auto& e : d.events)
+    if (e.kind == "pause") pause = &e;
+  if (!pause || !open_) return d;
+  nlohmann::json& detail = pause->detail;
+  detail["model_vs_snapshot"] =
+      std::isfinite(model_ratio) ? nlohmann::json(model_ratio) : nlohmann::json(nullptr);
+  detail["diagnosis"] = model_worse ? "model" : "data";
+  Incident& incident = *open_;
+  if (!model_worse) {
+    // The model is no worse than the snapshot a rollback would restore: drop the step instead.
+    ++incident.skipped;
+    detail["skipped"] = true;
+    d.action = Action::kSkip;
+    d.skip_reason = "data";
+  } else if (cfg_.rollback.enabled && incident.rollbacks < cfg_.rollback.max_rollbacks) {
+    // Each further rollback skips further ahead: at least as far as the incident has lasted,
+    // doubled per rollback already spent on it.
+    int64_t ahead = cfg_.rollback.skip_ahead_steps;
+    if (incident.rollbacks > 0) {
+      const int64_t lasted = std::max<int64_t>(s.iteration - incident.first_iteration, 1);
+      ahead = std::max(ahead, lasted) << std::min<int64_t>(incident.rollbacks - 1, 20);
+    }
+    d.skip_ahead_steps = ahead;
+    detail["rollback"] = incident.rollbacks + 1;
+    detail["skip_ahead_steps"] = ahead;
+    d.action = Action::kPause;
+  } else {
+    // The incident's rollbacks are spent (or rollbacks are off): the offending step is dropped.
+    ++incident.skipped;
+    detail["skipped"] = true;
+    d.action = Action::kSkip;
+    d.skip_reason = "incident";
+  }
+  count_unapplied(s, d);
+  return d;
+}
+
 Decision Guard::observe(const StepSignals& s) {
   Decision d;
-  const bool finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+  const bool finite_loss = std::isfinite(s.loss);
+  // fp16: an overflow of the scaled gradients is the scaler's business while it can still help.
+  if (s.overflow && finite_loss) {
+    ++consecutive_overflow_;
+    if (applied_any_) scale_drops_.push(1.0);
+    const bool collapsed = s.loss_scale && *s.loss_scale <= kMinLossScale;
+    if (!collapsed && consecutive_overflow_ <= kMaxConsecutiveOverflows) {
+      d.events.push_back({"overflow",
+                          {{"loss_scale", s.loss_scale ? nlohmann::json(*s.loss_scale) : nullptr},
+                           {"consecutive", consecutive_overflow_}}});
+      d.action = Action::kSkip;
+      d.skip_reason = "overflow";
+      watch_rates(s, d);
+      count_unapplied(s, d);
+      return d;
+    }
+  }
+  const bool finite = finite_loss && std::isfinite(s.grad_norm);
   if (!finite) {
     ++consecutive_nan_;
     note_alarm(s.step);
-    nlohmann::json detail = {
-        {"loss", std::isfinite(s.loss) ? nlohmann::json(s.loss) : nullptr},
-        {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nullptr},
-        {"consecutive", consecutive_nan_}};
-    if (cfg_.nan_policy == "abort") {
-      detail["reason"] = "non_finite";
-      d.events.push_back({"abort", detail});
-      d.action = Action::kAbort;
-      d.stop_message = "non-finite loss or gradient at step " + std::to_string(s.step) +
-                       " and stability.nan_policy is abort";
+    nlohmann::json detail = {{"loss", finite_or_null(s.loss)},
+                             {"grad_norm", finite_or_null(s.grad_norm)},
+                             {"consecutive", consecutive_nan_}};
+    if (s.overflow) detail["overflow"] = true;
+    if (s.loss_scale) detail["loss_scale"] = *s.loss_scale;
+    if (cfg_.nan_policy == config::NanPolicy::kAbort) {
+      abort("non_finite",
+            "non-finite loss or gradient at step " + std::to_string(s.step) +
+                " and stability.nan_policy is abort",
+            detail, d);
       return d;
     }
-    if (cfg_.nan_policy == "pause" || consecutive_nan_ >= cfg_.max_consecutive_nan) {
-      detail["reason"] = "non_finite";
-      d.events.push_back({"skip_nan", detail});
-      d.events.push_back({"pause", detail});
-      d.action = Action::kPause;
-    } else {
-      d.events.push_back({"skip_nan", detail});
-      d.action = Action::kSkip;
+    d.events.push_back({"skip_nan", detail});
+    if (cfg_.nan_policy == config::NanPolicy::kPause ||
+        consecutive_nan_ >= cfg_.max_consecutive_nan) {
+      consecutive_nan_ = 0;
+      escalate(s, "non_finite", detail, d);
+      return d;
     }
+    d.action = Action::kSkip;
+    d.skip_reason = "non_finite";
+    count_unapplied(s, d);
     return d;
   }
   consecutive_nan_ = 0;
+  consecutive_overflow_ = 0;
+
+  watch_screen(s, d);
+  if (s.kept_losses.empty() && s.samples > 0) {  // the screen masked the whole step
+    d.action = Action::kSkip;
+    d.skip_reason = "screened_out";
+    d.needs_diagnosis = true;  // bad data, or a broken model that makes every sample look bad?
+    pending_ = s;
+    return d;
+  }
 
   const bool baseline = baseline_ready();
   const double norm_median = grad_norms_.median();
@@ -93,7 +287,15 @@ Decision Guard::observe(const StepSignals& s) {
   const double loss_ratio = baseline && loss_median > 0 ? s.loss / loss_median : 0.0;
 
   const bool norm_pause = norm_ratio > cfg_.pause_factor;
-  const bool loss_pause = cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor;
+  // The loss alarm: loss_alarm_factor x its median, or a jump that the steadiness of the loss
+  // makes unmistakable — kLossJumpRatio x its recent level and kLossJumpZ times its step-to-step
+  // noise above it (a broken update can double the loss while the clipped gradient norm barely
+  // moves).
+  const double loss_recent = losses_.median_of_last(kLossRecentSteps);
+  const bool loss_jump = baseline && loss_recent > 0 && s.loss > kLossJumpRatio * loss_recent &&
+                         s.loss > loss_recent + kLossJumpZ * losses_.difference_sigma();
+  const bool loss_pause =
+      (cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor) || loss_jump;
   // Every pause is preceded by a warn that carries the diagnosis (top layers, global/local), also
   // when only the loss alarmed: garbage data can raise the loss far more than the clipped-scale
   // gradient norm.
@@ -107,33 +309,68 @@ Decision Guard::observe(const StepSignals& s) {
     detail["loss"] = s.loss;
     detail["loss_median"] = loss_median;
     detail["loss_ratio"] = loss_ratio;
+    if (open_) detail["incident"] = open_->id;
     d.events.push_back({"warn", detail});
   }
   if (norm_pause || loss_pause) {
-    note_alarm(s.step);
-    nlohmann::json detail = {{"reason", norm_pause ? "grad_norm" : "loss"},
-                             {"grad_norm", s.grad_norm},
-                             {"grad_norm_median", norm_median},
-                             {"loss", s.loss},
-                             {"loss_median", loss_median}};
-    d.events.push_back({"pause", detail});
-    d.action = Action::kPause;
+    escalate(s, norm_pause ? "grad_norm" : "loss",
+             {{"grad_norm", s.grad_norm},
+              {"grad_norm_median", norm_median},
+              {"loss", s.loss},
+              {"loss_median", loss_median}},
+             d);
     return d;
   }
 
   // Applied: the values join the baselines.
+  unapplied_in_a_row_ = 0;
+  applied_any_ = true;
   grad_norms_.push(s.grad_norm);
   losses_.push(s.loss);
   clip_flags_.push(s.clipped ? 1.0 : 0.0);
   for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].push(s.layer_grad_norms[i]);
+  for (double v : s.kept_losses)
+    if (std::isfinite(v)) sample_losses_.push(v);
+  if (open_) open_->quiet = s.masked_losses.empty() ? open_->quiet + 1 : 0;
+  if (s.loss_scale) scale_drops_.push(0.0);
   watch_rates(s, d);
   return d;
 }
 
+// The first masked step after a quiet spell warns, with what it saw and where to look; every
+// masked step gets a `screen` event (the trainer adds the sample ids).
+void Guard::watch_screen(const StepSignals& s, Decision& d) {
+  if (s.masked_losses.empty() || !s.screen_threshold) return;
+  const double median = sample_losses_.median();
+  const double worst = *std::max_element(s.masked_losses.begin(), s.masked_losses.end());
+  nlohmann::json detail = {{"masked", s.masked_losses.size()},
+                           {"samples", s.samples},
+                           {"threshold", *s.screen_threshold},
+                           {"median", median},
+                           {"max_loss", worst}};
+  if (open_) detail["incident"] = open_->id;
+  const bool quiet_before =
+      last_screen_step_ < 0 || s.step - last_screen_step_ > cfg_.median_window;
+  last_screen_step_ = s.step;
+  if (quiet_before) {
+    nlohmann::json warn = detail;
+    warn["signal"] = "screen";
+    warn["message"] = fmt::format(
+        "{} of {} samples had a loss above {:.3f} ({:.1f}x the median per-sample loss {:.3f}; "
+        "worst {:.3f}): masked out of the update and set aside in quarantine.jsonl; look at those "
+        "samples' source (a corrupt shard, a broken converter, one site's crawl)",
+        s.masked_losses.size(), s.samples, *s.screen_threshold, *s.screen_threshold / median,
+        median, worst);
+    d.events.push_back({"warn", std::move(warn)});
+  }
+  d.events.push_back({"screen", std::move(detail)});
+}
+
 void Guard::watch_rates(const StepSignals& s, Decision& d) {
-  const bool may_warn =
-      last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
+  const auto may_warn = [&] {
+    return last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
+  };
   auto warn = [&](nlohmann::json detail) {
     d.events.push_back({"warn", std::move(detail)});
     last_rate_warn_step_ = s.step;
@@ -141,7 +378,7 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
   // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
   // the warmup counts.
   const bool past_warmup = s.step >= warmup_steps_ + cfg_.median_window;
-  if (may_warn && past_warmup && clip_flags_.size() >= cfg_.median_window &&
+  if (!s.overflow && may_warn() && past_warmup && clip_flags_.size() >= cfg_.median_window &&
       clip_flags_.mean() > cfg_.clip_rate_warn) {
     const double rate = clip_flags_.mean();
     warn({{"signal", "clip_rate"},
@@ -154,20 +391,22 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
                                   "optim.grad_clip only hides it",
                                   rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100)}});
   }
-  if (s.loss_scale) {
-    if (last_loss_scale_) {
-      scale_drops_.push(*s.loss_scale < *last_loss_scale_ ? 1.0 : 0.0);
-      scale_rises_.push(*s.loss_scale > *last_loss_scale_ ? 1.0 : 0.0);
-    }
-    last_loss_scale_ = s.loss_scale;
-    if (may_warn && scale_drops_.sum() >= kScaleOscillations &&
-        scale_rises_.sum() >= kScaleOscillations)
-      warn({{"signal", "loss_scale"},
-            {"loss_scale", *s.loss_scale},
-            {"drops", scale_drops_.sum()},
-            {"rises", scale_rises_.sum()},
-            {"message", "fp16 loss scale oscillates; consider bf16"}});
-  }
+  // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
+  // mean the gradients keep leaving fp16's range.
+  if (!s.loss_scale) return;
+  last_loss_scale_ = s.loss_scale;
+  const double drops = scale_drops_.sum();
+  if (may_warn() && drops >= kScaleDropsWarn)
+    warn({{"signal", "loss_scale"},
+          {"loss_scale", *s.loss_scale},
+          {"drops", drops},
+          {"window", cfg_.median_window},
+          {"message",
+           fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
+                       "gradients keep overflowing fp16; do not just lower the lr: look at the "
+                       "data first (a bad region raises gradients), then at growing activations; "
+                       "bf16 has the range fp16 lacks",
+                       drops, cfg_.median_window, *s.loss_scale)}});
 }
 
 bool Guard::baseline_ready() const {
@@ -235,35 +474,35 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
   return events;
 }
 
-std::optional<GuardEvent> Guard::after_update(int64_t completed_steps) {
+std::vector<GuardEvent> Guard::after_update(int64_t completed_steps) {
+  std::vector<GuardEvent> events;
   if (!recovery_announced_ && completed_steps >= recovery_until_) {
     recovery_announced_ = true;
-    return GuardEvent{"recovery_end", {{"lr_factor", 1.0}}};
+    events.push_back({"recovery_end", {{"lr_factor", 1.0}}});
   }
-  return std::nullopt;
+  if (open_ && open_->quiet >= kIncidentQuietSteps) {
+    events.push_back({"incident_end", open_->to_json()});
+    closed_.push_back(*open_);
+    open_.reset();
+  }
+  return events;
 }
 
-Decision Guard::on_rollback(int64_t step, const nlohmann::json& incident) {
-  Decision d;
-  ++rollbacks_;
-  incidents_.push_back(incident);
-  if (rollbacks_ > cfg_.rollback.max_rollbacks) {
-    std::string summary;
-    for (const auto& i : incidents_) summary += "\n  " + i.dump();
-    d.action = Action::kAbort;
-    d.events.push_back({"abort",
-                        {{"reason", "max_rollbacks"},
-                         {"rollbacks", rollbacks_},
-                         {"max_rollbacks", cfg_.rollback.max_rollbacks},
-                         {"incidents", incidents_}}});
-    d.stop_message =
-        "rollback " + std::to_string(rollbacks_) +
-        " exceeds stability.rollback.max_rollbacks=" + std::to_string(cfg_.rollback.max_rollbacks) +
-        "; incidents:" + summary;
-    return d;
+void Guard::rolled_back(int64_t step, const nlohmann::json& snapshot_state) {
+  if (snapshot_state.is_object()) {
+    grad_norms_.load_state(snapshot_state.at("grad_norms"));
+    losses_.load_state(snapshot_state.at("losses"));
+    clip_flags_.load_state(snapshot_state.at("clip_flags"));
+    const auto& layers = snapshot_state.at("layer_norms");
+    for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
+      layer_norms_[i].load_state(layers[i]);
+    sample_losses_.clear();
+    if (snapshot_state.contains("sample_losses"))
+      sample_losses_.load_state(snapshot_state.at("sample_losses"));
   }
+  ++rollbacks_;
+  if (open_) ++open_->rollbacks;
   start_recovery(step);
-  return d;
 }
 
 void Guard::start_recovery(int64_t step) {
@@ -278,32 +517,47 @@ double Guard::lr_factor(int64_t step) const {
 
 bool Guard::promotable(int64_t step, int64_t window, bool require_no_alarms) const {
   if (require_no_alarms && last_alarm_step_ >= 0 && step - last_alarm_step_ <= window) return false;
-  if (in_recovery(step)) return false;
+  if (in_recovery(step) || open_) return false;
   if (losses_.empty()) return true;
   double median = losses_.median();
   return !(median > 0) || losses_.last() <= kStableLossBand * median;
 }
 
+nlohmann::json Guard::incidents() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& i : closed_) out.push_back(i.to_json());
+  if (open_) out.push_back(open_->to_json());
+  return out;
+}
+
 nlohmann::json Guard::state() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& w : layer_norms_) layers.push_back(w.state());
+  nlohmann::json closed = nlohmann::json::array();
+  for (const auto& i : closed_) closed.push_back(i.to_json());
   return {{"grad_norms", grad_norms_.state()},
           {"losses", losses_.state()},
           {"clip_flags", clip_flags_.state()},
           {"layer_norms", layers},
+          {"sample_losses", sample_losses_.state()},
           {"attention_trend", attention_trend_},
           {"attention_drifting", attention_drifting_},
           {"consecutive_nan", consecutive_nan_},
+          {"consecutive_overflow", consecutive_overflow_},
+          {"unapplied_in_a_row", unapplied_in_a_row_},
           {"rollbacks", rollbacks_},
           {"recovery_until", recovery_until_},
           {"recovery_announced", recovery_announced_},
           {"last_alarm_step", last_alarm_step_},
           {"last_rate_warn_step", last_rate_warn_step_},
           {"last_periodic_warn_step", last_periodic_warn_step_},
+          {"last_screen_step", last_screen_step_},
+          {"applied_any", applied_any_},
           {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
           {"scale_drops", scale_drops_.state()},
-          {"scale_rises", scale_rises_.state()},
-          {"incidents", incidents_}};
+          {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
+          {"incidents", closed},
+          {"incident_starts", incident_starts_}};
 }
 
 void Guard::load_state(const nlohmann::json& st) {
@@ -313,6 +567,9 @@ void Guard::load_state(const nlohmann::json& st) {
   const auto& layers = st.at("layer_norms");
   for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].load_state(layers[i]);
+  // Absent in checkpoints written before keel had them: those start afresh.
+  sample_losses_.clear();
+  if (st.contains("sample_losses")) sample_losses_.load_state(st.at("sample_losses"));
   attention_trend_.clear();
   for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
     attention_trend_.push_back(v.is_number() ? v.get<double>()
@@ -321,19 +578,30 @@ void Guard::load_state(const nlohmann::json& st) {
   if (attention_drifting_.size() != attention_trend_.size())
     attention_drifting_.assign(attention_trend_.size(), 0);
   consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
+  consecutive_overflow_ = st.value("consecutive_overflow", int64_t{0});
+  unapplied_in_a_row_ = st.value("unapplied_in_a_row", int64_t{0});
   rollbacks_ = st.at("rollbacks").get<int64_t>();
   recovery_until_ = st.at("recovery_until").get<int64_t>();
   recovery_announced_ = st.at("recovery_announced").get<bool>();
   last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
-  // Absent in checkpoints written before they were saved: start those watches afresh.
   last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
   last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
+  last_screen_step_ = st.value("last_screen_step", int64_t{-1});
+  applied_any_ = st.value("applied_any", !grad_norms_.empty());
   last_loss_scale_.reset();
   if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())
     last_loss_scale_ = it->get<double>();
+  scale_drops_.clear();
   if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
-  if (st.contains("scale_rises")) scale_rises_.load_state(st.at("scale_rises"));
-  incidents_ = st.at("incidents");
+  open_.reset();
+  if (auto it = st.find("open_incident"); it != st.end() && it->is_object())
+    open_ = Incident::from_json(*it);
+  closed_.clear();
+  for (const auto& i : st.value("incidents", nlohmann::json::array()))
+    if (i.contains("alarms")) closed_.push_back(Incident::from_json(i));
+  incident_starts_.clear();
+  for (int64_t v : st.value("incident_starts", std::vector<int64_t>{}))
+    incident_starts_.push_back(v);
 }
 
 }  // namespace keel::guard

@@ -1,21 +1,46 @@
 // The stability state machine (DESIGN.md): it watches one step's signals and decides whether the
 // update is applied, skipped, or the run pauses and rolls back to the newest stable snapshot.
 //
+//   SCREEN   before every update the trainer masks the samples whose loss is above
+//            screen_threshold() (far above the running per-sample baseline) out of the loss and
+//            sets them aside; the rest of the batch trains. A step whose every sample was masked
+//            is skipped. The first masked step after a quiet spell warns (signal "screen").
 //   NORMAL ── grad_norm > warn_factor × median ──► warn (event; the update is applied); every pause
 //             below is also preceded by a warn carrying the same diagnosis
 //   NORMAL ── non-finite loss or gradient ──► skip the update (skip_nan); max_consecutive_nan in a
-//             row escalate to a pause (nan_policy: pause escalates at once, abort stops the run)
+//             row escalate to a pause (nan_policy: pause escalates at once, abort stops the run).
+//             An fp16 overflow is the loss scaler's business (skip, halve the scale: event
+//             `overflow`), unless the scale has collapsed or overflows never stop.
 //   NORMAL ── grad_norm > pause_factor × median, or loss > loss_alarm_factor × median loss ──►
-//             pause: the trainer writes forensics, rolls back to STABLE, quarantines the data
-//             window, and calls on_rollback(), which starts RECOVERY: lr × recovery.lr_factor for
-//             recovery.steps optimizer steps, then recovery_end and the normal schedule.
+//             an alarm, handled as part of an INCIDENT:
+//
+// Diagnosis. An alarm (and a step the screen masked whole) asks whether the model or the data is
+// at fault: the trainer measures the model on a fixed reference batch against the newest stable
+// snapshot's measure and calls resolve(). A model no worse than the snapshot it would roll back to
+// gains nothing from a rollback: the offending step is dropped (its data set aside), and the run
+// goes on (diagnosis "data"). A model worse than that snapshot rolls back (diagnosis "model"):
+// Incidents. The first alarm opens an incident; alarms that follow before training has made
+// progress on clean data again (kIncidentQuietSteps updates in a row with no alarm and nothing
+// screened out) belong to it. Within an incident the remedy escalates, so it ends in at most
+// rollback.max_rollbacks rollbacks whatever the length of a bad region:
+//   1st rollback   pause: forensics, rollback to STABLE, the data since it set aside plus
+//                  rollback.skip_ahead_steps, RECOVERY (lr × recovery.lr_factor for
+//                  recovery.steps updates);
+//   next ones      pause again, the skip-ahead doubled each time (at least the attempts the
+//                  incident has lasted), until max_rollbacks rollbacks;
+//   after that     the offending step is skipped (its data set aside), no rollback.
+// The run stops (abort, exit 3, every incident summarised) when clearly stuck: more than
+// rollback.max_incidents incidents opened within rollback.incident_window_steps attempts, or
+// rollback.stuck_steps attempts in a row without an applied update.
 //
 // Pure host-side logic on a handful of doubles per step: no tensors, trivially unit-testable.
-// Statistics only take values of applied updates, so a spike never poisons its own baseline.
-// Not thread-safe; one Guard per rank, fed all-reduced values so every rank decides the same.
+// Statistics only take values of applied updates (and kept samples), so a spike never poisons its
+// own baseline. Not thread-safe; one Guard per rank, fed all-reduced values so every rank decides
+// the same.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,48 +54,80 @@ namespace keel::guard {
 
 struct StepSignals {
   int64_t step = 0;                      // optimizer step index about to be applied
-  double loss = 0.0;                     // mean batch cross-entropy
+  int64_t iteration = 0;                 // step attempts so far (only moves forward)
+  double loss = 0.0;                     // mean cross-entropy over the kept samples
   double grad_norm = 0.0;                // global L2, before clipping
   std::vector<double> layer_grad_norms;  // one per layer group (same order as layer_names)
   bool clipped = false;
   std::optional<double> loss_scale;  // fp16 only
+  bool overflow = false;             // fp16: the scaler found inf/NaN in the scaled gradients
+  // The screen: samples in the step, the losses of those kept (the per-sample baseline learns
+  // from them), and of those masked (above the threshold the step was screened with).
+  int64_t samples = 0;
+  std::vector<double> kept_losses;
+  std::vector<double> masked_losses;
+  std::optional<double> screen_threshold;
 };
 
-// kAbort: the run must stop (nan_policy abort, or past the rollback budget); the decision's last
-// event is the abort, which the trainer records before it stops.
+// kAbort: the run must stop (nan_policy abort, or clearly stuck); the decision's last event is the
+// abort, which the trainer records before it stops.
 enum class Action { kApply, kSkip, kPause, kAbort };
 
 struct GuardEvent {
-  std::string kind;  // warn | skip_nan | pause | recovery_end | abort
+  std::string kind;  // warn | skip_nan | overflow | screen | pause | recovery_end | incident_end |
+                     // abort
   nlohmann::json detail;
 };
 
 struct Decision {
   Action action = Action::kApply;
+  // An alarm (or a step screened out whole) whose remedy depends on whether the model or the data
+  // is at fault: the trainer measures the model and calls Guard::resolve() before acting.
+  bool needs_diagnosis = false;
   std::vector<GuardEvent> events;
   std::string stop_message;  // kAbort: why the run stops, for the person reading the log
+  int64_t incident = -1;     // kPause, or kSkip within an incident: the incident's id
+  // kPause: steps of data to set aside past the pause, besides the window since the snapshot.
+  int64_t skip_ahead_steps = 0;
+  // kSkip: why the update was not applied (non_finite | overflow | screened_out | data |
+  // incident).
+  std::string skip_reason;
 };
 
 class Guard {
  public:
   // `warmup_steps`: the schedule's warmup. Signals that move by design while the lr ramps up
   // (clip rate, update ratios, activation statistics) stay silent until it is over, and the clip
-  // rate until a whole window after it.
+  // rate until a whole window after it. `samples_per_step` sizes the per-sample baseline of the
+  // screen (median_window steps' worth, within [screen.min_samples, kMaxScreenWindow]).
+  // `max_steps` resolves the auto keys (stuck_steps, recovery.steps).
   Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-        int64_t warmup_steps = 0);
+        int64_t warmup_steps = 0, int64_t samples_per_step = 1, int64_t max_steps = 1000);
+
+  // The per-sample loss above which the screen masks a sample in step `step`; nullopt while the
+  // screen is off (disabled, or its baseline holds fewer than screen.min_samples samples).
+  std::optional<double> screen_threshold(int64_t step) const;
 
   Decision observe(const StepSignals& s);
+  // Completes a decision that needs_diagnosis with `model_ratio`: the model's loss on the reference
+  // batch over the newest stable snapshot's (NaN when unknown, which counts as worse). Above
+  // kModelWorse the model is at fault; otherwise the data is.
+  Decision resolve(Decision d, double model_ratio);
   // Signals too costly for every step, read at log steps: per-layer update ratios |Δw|/|w| and
   // attention-output std per layer, compared with a slow trend of its own (an EMA of its log)
   // that follows the training trajectory; a drift warns only when it persists over
   // kDriftPersistence log steps. Returns warn events.
   std::vector<GuardEvent> observe_periodic(int64_t step, const std::vector<double>& update_ratios,
                                            const std::vector<double>& attention_std);
-  // Call after every applied update; returns recovery_end when the recovery overlay just ended.
-  std::optional<GuardEvent> after_update(int64_t completed_steps);
-  // The run rolled back so that `step` updates are done; recovery covers the next recovery.steps.
-  // Past rollback.max_rollbacks the decision is kAbort, with every incident in its message.
-  Decision on_rollback(int64_t step, const nlohmann::json& incident);
+  // Call after every applied update: recovery_end when the recovery overlay just ended,
+  // incident_end when the open incident closed.
+  std::vector<GuardEvent> after_update(int64_t completed_steps);
+  // The trainer rolled back (the pause of an incident) so that `step` updates are done; recovery
+  // covers the next recovery.steps updates. `snapshot_state` (the snapshot's state(), or null)
+  // gives back the baselines of the model that is trained again — the running medians of the
+  // abandoned timeline describe a model that no longer exists — while the incidents, alarms and
+  // warning windows stay as they are.
+  void rolled_back(int64_t step, const nlohmann::json& snapshot_state = nullptr);
 
   // Starts the recovery overlay for the recovery.steps updates after `step` without counting a
   // rollback (a resume that is a recovery).
@@ -78,12 +135,14 @@ class Guard {
   // Multiplier on the scheduled lr for the update with index `step` (recovery overlay).
   double lr_factor(int64_t step) const;
   bool in_recovery(int64_t step) const { return step < recovery_until_; }
+  bool in_incident() const { return open_.has_value(); }
   // A snapshot at `step` may become stable: no alarm within the last `window` steps (when
-  // required) and the loss not above its running median band.
+  // required), no open incident, not recovering, and the loss not above its running median band.
   bool promotable(int64_t step, int64_t window, bool require_no_alarms) const;
 
   int64_t rollbacks() const { return rollbacks_; }
-  const nlohmann::json& incidents() const { return incidents_; }
+  // Every incident so far (the open one last), as summaries for events and the abort message.
+  nlohmann::json incidents() const;
   double grad_norm_median() const { return grad_norms_.median(); }
   double grad_norm_mean() const { return grad_norms_.mean(); }
   double grad_norm_stddev() const { return grad_norms_.stddev(); }
@@ -91,34 +150,71 @@ class Guard {
   double loss_median() const { return losses_.median(); }
 
   // Everything observe() and friends depend on, so a resumed run decides exactly as the
-  // uninterrupted one would (warn suppression windows and the loss-scale watch included).
+  // uninterrupted one would (warn suppression windows, the screen's baseline, the open incident
+  // and the loss-scale watch included).
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 
  private:
+  struct Incident {
+    int64_t id = 0;
+    int64_t first_step = 0, first_iteration = 0;
+    int64_t furthest_step = 0;  // the furthest step an alarm of it came at
+    int64_t alarms = 0, rollbacks = 0, skipped = 0;
+    int64_t quiet = 0;   // clean updates in a row since its last alarm
+    std::string reason;  // the first alarm's
+    nlohmann::json to_json() const;
+    static Incident from_json(const nlohmann::json& j);
+  };
+
   nlohmann::json layer_report(const StepSignals& s) const;
   void note_alarm(int64_t step) { last_alarm_step_ = step; }
   void watch_rates(const StepSignals& s, Decision& d);
+  void watch_screen(const StepSignals& s, Decision& d);
+  // An alarm that calls for a rollback: opens or joins an incident and escalates.
+  // An alarm: opens or joins an incident (or aborts past the rate budget); resolve() picks the
+  // remedy.
+  void escalate(const StepSignals& s, const std::string& reason, nlohmann::json detail,
+                Decision& d);
+  void abort(const std::string& reason, const std::string& message, nlohmann::json detail,
+             Decision& d) const;
+  // Counts a step attempt that applied nothing; past stuck_steps in a row the run stops.
+  void count_unapplied(const StepSignals& s, Decision& d);
 
   config::StabilityConfig cfg_;
   std::vector<std::string> layer_names_;
+  int64_t max_steps_;
   RunningWindow grad_norms_, losses_, clip_flags_;
   std::vector<RunningWindow> layer_norms_;
+  RunningWindow sample_losses_;  // kept samples' losses: the screen's baseline
   int64_t warmup_steps_;
   std::vector<double> attention_trend_;      // per layer: EMA of log(attention-output std)
   std::vector<int64_t> attention_drifting_;  // per layer: consecutive log steps off the trend
   int64_t consecutive_nan_ = 0;
+  int64_t consecutive_overflow_ = 0;
+  int64_t unapplied_in_a_row_ = 0;
   int64_t rollbacks_ = 0;
   int64_t recovery_until_ = -1;
   bool recovery_announced_ = true;
   int64_t last_alarm_step_ = -1;
   int64_t last_rate_warn_step_ = -1;
   int64_t last_periodic_warn_step_ = -1;
+  int64_t last_screen_step_ = -1;  // the last step the screen masked a sample in
+  bool applied_any_ = false;       // fp16 start-up: overflows before the first update calibrate
   std::optional<double> last_loss_scale_;
-  RunningWindow scale_drops_, scale_rises_;
-  nlohmann::json incidents_ = nlohmann::json::array();
+  RunningWindow scale_drops_;
+  std::optional<Incident> open_;
+  std::vector<Incident> closed_;
+  std::deque<int64_t> incident_starts_;  // iterations at which incidents opened (rate budget)
+  StepSignals pending_;                  // the step a decision awaiting diagnosis is about
 };
 
+// The loss alarm also fires at a jump of kLossJumpRatio x the loss's recent level (the median of
+// its last kLossRecentSteps applied steps) that lies kLossJumpZ times its step-to-step noise
+// (RunningWindow::difference_sigma) above it.
+inline constexpr double kLossJumpRatio = 1.5;
+inline constexpr double kLossJumpZ = 10.0;
+inline constexpr int64_t kLossRecentSteps = 5;
 // Minimum samples in the window before an alarm can fire: a baseline of two values is no baseline.
 inline constexpr int64_t kMinBaselineSteps = 10;
 // Attention-output std this many times above or below its trend warns, after kDriftPersistence
@@ -128,5 +224,19 @@ inline constexpr int64_t kDriftPersistence = 2;
 // Weight of the newest reading in the attention trend (per log step): slow enough that a jump
 // stands out, fast enough to follow the growth of healthy training.
 inline constexpr double kAttentionTrendWeight = 0.3;
+// The model is at fault when its loss on the reference batch exceeds the newest stable snapshot's
+// by more than this factor (a fixed batch: only the model changes it).
+inline constexpr double kModelWorse = 1.1;
+// The screen's per-sample baseline holds at most this many samples (the most recent).
+inline constexpr int64_t kMaxScreenWindow = 4096;
+// An incident closes after this many updates in a row with no alarm and no sample screened out:
+// training has made progress on clean data again.
+inline constexpr int64_t kIncidentQuietSteps = 20;
+// fp16: a loss scale at or below this, or more overflows in a row than this, is no longer the
+// scaler's business: the step counts as non-finite.
+inline constexpr double kMinLossScale = 1.0;
+inline constexpr int64_t kMaxConsecutiveOverflows = 24;
+// fp16: this many overflows (scale drops) within median_window steps after start-up warns.
+inline constexpr int64_t kScaleDropsWarn = 3;
 
 }  // namespace keel::guard

@@ -20,6 +20,36 @@ double RunningWindow::median() const {
   return *mid;
 }
 
+double RunningWindow::mad() const {
+  if (values_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const double m = median();
+  std::vector<double> v;
+  v.reserve(values_.size());
+  for (double x : values_) v.push_back(std::fabs(x - m));
+  auto mid = v.begin() + v.size() / 2;
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+double RunningWindow::median_of_last(int64_t n) const {
+  if (values_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const auto count = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(n, 1)), values_.size());
+  std::vector<double> v(values_.end() - static_cast<std::ptrdiff_t>(count), values_.end());
+  auto mid = v.begin() + v.size() / 2;
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+double RunningWindow::difference_sigma() const {
+  if (values_.size() < 2) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> d;
+  d.reserve(values_.size() - 1);
+  for (size_t i = 1; i < values_.size(); ++i) d.push_back(std::fabs(values_[i] - values_[i - 1]));
+  auto mid = d.begin() + d.size() / 2;
+  std::nth_element(d.begin(), mid, d.end());
+  return 1.4826 * *mid / std::sqrt(2.0);
+}
+
 double RunningWindow::sum() const { return std::accumulate(values_.begin(), values_.end(), 0.0); }
 
 double RunningWindow::mean() const {

@@ -1,5 +1,6 @@
 // Host-side running statistics over the last N values of a per-step signal (grad norm, loss,
-// per-layer norms). The Guard reads one small packed tensor per step, so these live on the host.
+// per-layer norms, per-sample losses). The Guard reads one small packed tensor per step, so these
+// live on the host.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,15 @@ class RunningWindow {
   int64_t size() const { return static_cast<int64_t>(values_.size()); }
   bool empty() const { return values_.empty(); }
   double median() const;  // upper median for even counts; NaN when empty
+  // Median absolute deviation from the median (upper medians); NaN when empty. 1.4826 x MAD
+  // estimates the standard deviation of normal data, robustly to outliers.
+  double mad() const;
+  // The upper median of the newest `n` values (all of them when fewer); NaN when empty.
+  double median_of_last(int64_t n) const;
+  // The step-to-step noise as a robust standard deviation: 1.4826 x the median absolute
+  // difference of consecutive values / sqrt(2). A smooth trend (a falling loss) barely moves it,
+  // unlike the spread around the median. NaN with fewer than 2 values.
+  double difference_sigma() const;
   double mean() const;
   double stddev() const;  // population standard deviation
   double sum() const;

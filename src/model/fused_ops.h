@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "config/schema.h"
+
 namespace keel::model {
 
 // SwiGLU of an MLP input projection laid out as [gate | up] along the last dimension:
@@ -26,7 +28,7 @@ bool swiglu_is_fused(const torch::Tensor& gate_up);
 // mkldnn::_linear_pointwise) and the weight gradient in ATen's mm: on the AMD EPYC this was
 // measured on, oneDNN's AVX-512 GEMMs are 20-40 % faster than MKL's for the first two, and no
 // faster for the third. Everything else is at::linear.
-enum class CpuMatmul { kOneDnn, kAten };
+using CpuMatmul = config::CpuMatmul;
 void set_cpu_matmul(CpuMatmul backend);  // process-wide; run.cpu_matmul
 CpuMatmul cpu_matmul();
 bool onednn_linear_available();  // LibTorch was built with oneDNN (mkldnn)

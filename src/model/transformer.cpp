@@ -19,7 +19,7 @@ using torch::Tensor;
 constexpr double kRopeBase = 10000.0;
 constexpr double kNormEps = 1e-5;
 
-bool is_llama(const config::ModelConfig& cfg) { return cfg.arch == "llama"; }
+bool is_llama(const config::ModelConfig& cfg) { return cfg.arch == config::Arch::kLlama; }
 
 Tensor residual_dropout(const Tensor& x, double p, bool training) {
   if (p <= 0.0 || !training) return x;
@@ -184,9 +184,6 @@ TORCH_MODULE(Block);
 
 void check_shape_config(const config::ModelConfig& cfg) {
   const int64_t kv = config::effective_kv_heads(cfg);
-  if (cfg.arch != "llama" && cfg.arch != "gpt2") {
-    throw ConfigError("model.arch: unknown arch '" + cfg.arch + "'\nHINT: use llama or gpt2");
-  }
   if (cfg.n_heads <= 0 || cfg.d_model % cfg.n_heads != 0 || kv <= 0 || cfg.n_heads % kv != 0) {
     throw ConfigError(
         "model: d_model must be divisible by n_heads and n_heads by n_kv_heads (got "
@@ -277,18 +274,20 @@ LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tenso
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   const auto lf = logits.reshape({B * T, V}).to(torch::kFloat);  // cross-entropy in fp32
   const auto tgt = targets.reshape({B * T});
-  Tensor ce_tok, loss;  // (B*T), ()
+  Tensor ce_tok, loss, per_sample;  // (B*T), (), (B)
   if (cfg_.z_loss > 0.0) {
     // Share log Z between the cross-entropy (log Z - logit[target]) and the z-loss (log Z)^2.
     const auto lse = torch::logsumexp(lf, -1);
     ce_tok = lse - lf.gather(1, tgt.unsqueeze(1)).squeeze(1);
     loss = ce_tok.mean() + cfg_.z_loss * lse.square().mean();
+    per_sample = (ce_tok + cfg_.z_loss * lse.square()).view({B, T}).mean(1);
   } else {
     ce_tok = F::cross_entropy(lf, tgt, F::CrossEntropyFuncOptions().reduction(torch::kNone));
     loss = ce_tok.mean();
+    per_sample = ce_tok.view({B, T}).mean(1);
   }
   const auto ce_det = ce_tok.detach();
-  return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1)};
+  return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1), per_sample};
 }
 
 int64_t TransformerImpl::num_parameters() const {
@@ -300,16 +299,7 @@ int64_t TransformerImpl::num_parameters() const {
   return n;
 }
 
-double TransformerImpl::flops_per_token() const {
-  // Embedding lookups cost no matmul FLOPs; the output projection (C x V) does, counted once
-  // whether or not it is tied.
-  int64_t embedding = tok_emb_->weight.numel();
-  if (pos_emb_) embedding += pos_emb_->weight.numel();
-  if (lm_head_) embedding += lm_head_->weight.numel();
-  const double non_embedding = static_cast<double>(num_parameters() - embedding);
-  const double L = cfg_.n_layers, C = cfg_.d_model, T = cfg_.seq_len, V = cfg_.vocab_size;
-  return 6.0 * non_embedding + 12.0 * L * C * T + 6.0 * C * V;
-}
+double TransformerImpl::flops_per_token() const { return config::flops_per_token(cfg_); }
 
 std::vector<std::string> TransformerImpl::layer_prefixes() const {
   std::vector<std::string> out;

@@ -18,6 +18,9 @@ struct LossOutput {
   torch::Tensor loss;             // () fp32: mean cross-entropy + z_loss term; what backward uses
   torch::Tensor ce_loss;          // () fp32: mean cross-entropy alone (detached)
   torch::Tensor per_sample_loss;  // (B) fp32: mean cross-entropy of each sequence (detached)
+  // (B) fp32: each sequence's share of `loss` (its mean cross-entropy + z_loss term), with
+  // gradient: a weighted mean of it trains on some samples of the batch and not others.
+  torch::Tensor per_sample_objective;
 };
 
 class TransformerImpl : public torch::nn::Module {
@@ -31,8 +34,7 @@ class TransformerImpl : public torch::nn::Module {
 
   const config::ModelConfig& config() const { return cfg_; }
   int64_t num_parameters() const;  // unique parameters (tied weights counted once)
-  // Model FLOPs per trained token (forward + backward): 6 * non-embedding-params + attention term
-  // 12 * n_layers * d_model * seq_len, plus the output projection.
+  // Model FLOPs per trained token (forward + backward): config::flops_per_token, the one formula.
   double flops_per_token() const;
   // Name prefix of each transformer layer's parameters ("layers.0.", ...), for per-layer
   // statistics.

@@ -4,6 +4,15 @@
 #include <cmath>
 
 namespace keel::monitor {
+namespace {
+
+// Text from the data (a decoded sample, a file name) need not be UTF-8: it is written with U+FFFD
+// in place of the bytes that are not, rather than failing the record.
+std::string dump(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
 
 std::string format_double(double value) {
   if (!std::isfinite(value)) return "null";
@@ -17,7 +26,7 @@ std::string format_double(double value) {
 
 void JsonRecord::key(std::string_view k) {
   if (body_.size() > 1) body_ += ',';
-  body_ += nlohmann::json(std::string(k)).dump();
+  body_ += dump(nlohmann::json(std::string(k)));
   body_ += ':';
 }
 
@@ -38,12 +47,12 @@ JsonRecord& JsonRecord::add(std::string_view k, bool value) {
 }
 JsonRecord& JsonRecord::add(std::string_view k, std::string_view value) {
   key(k);
-  body_ += nlohmann::json(std::string(value)).dump();
+  body_ += dump(nlohmann::json(std::string(value)));
   return *this;
 }
 JsonRecord& JsonRecord::add(std::string_view k, const nlohmann::json& value) {
   key(k);
-  body_ += value.dump();
+  body_ += dump(value);
   return *this;
 }
 

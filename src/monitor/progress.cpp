@@ -17,8 +17,9 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-Progress::Progress(const std::string& mode, bool enabled) : enabled_(enabled) {
-  live_ = enabled && (mode == "on" || (mode == "auto" && isatty(STDERR_FILENO)));
+Progress::Progress(config::Switch mode, bool enabled) : enabled_(enabled) {
+  live_ = enabled &&
+          (mode == config::Switch::kOn || (mode == config::Switch::kAuto && isatty(STDERR_FILENO)));
 }
 
 void Progress::update(const ProgressSample& s) {

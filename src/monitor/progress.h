@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "config/schema.h"
+
 namespace keel::monitor {
 
 struct ProgressSample {
@@ -16,8 +18,8 @@ struct ProgressSample {
 
 class Progress {
  public:
-  // mode: "auto" (live line when stderr is a terminal), "on", "off" (log lines only).
-  Progress(const std::string& mode, bool enabled);
+  // mode: auto (live line when stderr is a terminal), on, off (log lines only).
+  Progress(config::Switch mode, bool enabled);
   void update(const ProgressSample& s);
   void finish();  // ends a live line so later log lines start clean
 

@@ -34,12 +34,13 @@ torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double m
 }
 
 void clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm,
-                     const torch::Tensor& norm) {
+                     const torch::Tensor& norm, const torch::Tensor& prescale) {
   auto grads = defined_grads(params);
   if (grads.empty()) return;
   // () fp32 coefficient min(1, max_norm / (norm + 1e-6)); multiplying by 1 leaves small gradients
   // unchanged bit for bit, so there is no need for a host-side branch.
-  const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  if (prescale.defined()) coef = coef * prescale;
   at::_foreach_mul_(grads, coef);
 }
 

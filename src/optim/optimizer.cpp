@@ -364,24 +364,16 @@ class Lion final : public Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> groups,
                                           const config::OptimConfig& cfg) {
-  if (cfg.name == "lion") return std::make_unique<Lion>(std::move(groups), cfg);
-  if (cfg.name != "adamw") {
-    throw ConfigError("optim.name: unknown optimizer '" + cfg.name + "'\nHINT: use adamw or lion");
-  }
+  if (cfg.name == config::OptimizerName::kLion)
+    return std::make_unique<Lion>(std::move(groups), cfg);
   const bool can_fuse = fused_supported(groups);
-  bool fused = false;
-  if (cfg.fused == "on") {
-    if (!can_fuse) {
-      throw ConfigError(
-          "optim.fused=on: the fused AdamW kernel needs fp32 parameters on CPU or "
-          "CUDA\nHINT: set optim.fused to auto or off");
-    }
-    fused = true;
-  } else if (cfg.fused == "auto") {
-    fused = can_fuse;
-  } else if (cfg.fused != "off") {
-    throw ConfigError("optim.fused: unknown value '" + cfg.fused + "'\nHINT: use auto, on or off");
+  if (cfg.fused == config::Switch::kOn && !can_fuse) {
+    throw ConfigError(
+        "optim.fused=on: the fused AdamW kernel needs fp32 parameters on CPU or "
+        "CUDA\nHINT: set optim.fused to auto or off");
   }
+  const bool fused =
+      cfg.fused == config::Switch::kOn || (cfg.fused == config::Switch::kAuto && can_fuse);
   return std::make_unique<AdamW>(std::move(groups), cfg, fused);
 }
 

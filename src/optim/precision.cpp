@@ -8,14 +8,6 @@
 
 namespace keel::optim {
 
-Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "bf16") return Precision::kBf16;
-  if (name == "fp16") return Precision::kFp16;
-  throw ConfigError("run.precision: unknown precision '" + name +
-                    "'\nHINT: use one of fp32, bf16, fp16");
-}
-
 AutocastScope::AutocastScope(torch::DeviceType device, Precision precision) : device_(device) {
   if (precision == Precision::kFp32) return;
   active_ = true;

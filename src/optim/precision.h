@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "config/schema.h"
+
 namespace keel::optim {
 
-enum class Precision { kFp32, kBf16, kFp16 };
-Precision parse_precision(const std::string& name);  // "fp32"|"bf16"|"fp16"; throws ConfigError
+using Precision = config::Precision;  // run.precision
 
 // RAII: enables autocast for `device` with the precision's dtype for its lifetime (no-op for fp32)
 // and restores the previous state (and clears the autocast cache) on exit.

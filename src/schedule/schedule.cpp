@@ -6,8 +6,6 @@
 #include <numbers>
 #include <string>
 
-#include "common/error.h"
-
 namespace keel::schedule {
 namespace {
 
@@ -31,13 +29,16 @@ double cosine_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t step
   return min_lr + (peak_lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
-// Warmup, then peak until the decay phase starts (warmup + stable fraction), then exponential decay
-// peak * ratio^p, which reaches min_lr_ratio * peak exactly at max_steps.
+// Warmup, then peak until the decay phase (the last phases.decay x max_steps steps), then
+// exponential decay peak * ratio^p, which reaches min_lr_ratio * peak exactly at max_steps. The
+// stable phase is what lies between: phases.stable x max_steps, or longer or shorter when an
+// explicit warmup_steps replaces phases.warmup.
 double three_phase_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t step,
                       int64_t max_steps, int64_t warmup) {
   if (step < warmup) return warmup_lr(peak_lr, step, warmup);
-  const auto stable = static_cast<int64_t>(std::llround(cfg.phases.stable * max_steps));
-  const int64_t decay_begin = std::min(warmup + stable, max_steps);
+  const auto decay =
+      static_cast<int64_t>(std::llround(cfg.phases.decay * static_cast<double>(max_steps)));
+  const int64_t decay_begin = std::clamp<int64_t>(max_steps - decay, warmup, max_steps);
   if (step < decay_begin) return peak_lr;
   return peak_lr * std::pow(cfg.min_lr_ratio, progress(step, decay_begin, max_steps));
 }
@@ -45,20 +46,20 @@ double three_phase_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t
 }  // namespace
 
 int64_t warmup_steps(const config::ScheduleConfig& cfg, int64_t max_steps) {
-  int64_t w = cfg.warmup_steps;
-  if (cfg.kind == "three_phase" && cfg.warmup_steps <= 0) {
-    w = static_cast<int64_t>(std::llround(cfg.phases.warmup * max_steps));
-  }
-  return std::clamp<int64_t>(w, 0, std::max<int64_t>(max_steps, 0));
+  return config::warmup_steps(cfg, max_steps);
 }
 
 double lr_at(const config::ScheduleConfig& cfg, double peak_lr, int64_t step, int64_t max_steps) {
-  const int64_t warmup = warmup_steps(cfg, max_steps);
-  if (cfg.kind == "cosine") return cosine_lr(cfg, peak_lr, step, max_steps, warmup);
-  if (cfg.kind == "three_phase") return three_phase_lr(cfg, peak_lr, step, max_steps, warmup);
-  if (cfg.kind == "constant") return step < warmup ? warmup_lr(peak_lr, step, warmup) : peak_lr;
-  throw ConfigError("schedule.kind: unknown schedule '" + cfg.kind +
-                    "'\nHINT: use one of cosine, three_phase, constant");
+  const int64_t warmup = schedule::warmup_steps(cfg, max_steps);
+  switch (cfg.kind) {
+    case config::ScheduleKind::kCosine:
+      return cosine_lr(cfg, peak_lr, step, max_steps, warmup);
+    case config::ScheduleKind::kThreePhase:
+      return three_phase_lr(cfg, peak_lr, step, max_steps, warmup);
+    case config::ScheduleKind::kConstant:
+      break;
+  }
+  return step < warmup ? warmup_lr(peak_lr, step, warmup) : peak_lr;
 }
 
 }  // namespace keel::schedule

@@ -1,10 +1,11 @@
 // Learning-rate schedules as pure functions of the optimizer step (never of wall time).
-//   cosine:      linear warmup 0 -> peak over warmup_steps, then cosine to min_lr_ratio * peak at
-//   max_steps three_phase: warmup (linear) / stable (peak) / decay (exponential to min_lr_ratio *
-//   peak);
-//                phase lengths are fractions of max_steps (phases.*), warmup_steps > 0 overrides
-//                the warmup length
+//   cosine:      linear warmup 0 -> peak over the warmup, then cosine to min_lr_ratio x peak at
+//                max_steps
+//   three_phase: warmup (linear) / stable (peak) / decay (exponential to min_lr_ratio x peak over
+//                the last phases.decay x max_steps steps); the warmup is phases.warmup x max_steps
+//                unless warmup_steps is given, and the stable phase takes what lies between
 //   constant:    linear warmup, then peak
+// warmup_steps: auto resolves as config::warmup_steps() says.
 #pragma once
 
 #include <cstdint>

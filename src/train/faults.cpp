@@ -4,6 +4,7 @@
 #include <csignal>
 #include <limits>
 
+#include "common/error.h"
 #include "common/log.h"
 
 namespace keel::train {
@@ -13,16 +14,43 @@ FaultInjector::FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad
     : faults_(std::move(faults)),
       accum_(std::max<int64_t>(grad_accum_steps, 1)),
       vocab_(vocab_size),
-      gen_(at::make_generator<at::CPUGeneratorImpl>(seed ^ 0xFA17ull)) {}
+      gen_(at::make_generator<at::CPUGeneratorImpl>(seed ^ 0xFA17ull)) {
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    splices_.emplace_back();
+    if (faults_[i].kind != config::FaultKind::kSpliceData) continue;
+    splices_.back() = data::ShardSet::open(faults_[i].path, "train");
+    if (splices_.back()->meta().vocab_size > vocab_)
+      throw ConfigError("faults[" + std::to_string(i) + "].path: " + faults_[i].path +
+                        " has a vocabulary of " +
+                        std::to_string(splices_.back()->meta().vocab_size) +
+                        " tokens, more than model.vocab_size " + std::to_string(vocab_) +
+                        "; HINT: prepare it with the run's tokenizer");
+  }
+}
 
 bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
   bool done = false;
-  for (const auto& f : faults_) {
-    if (f.kind != "corrupt_batch" || !active(f, position / accum_)) continue;
-    auto& tokens = batch.tokens;
-    if (f.mode == "repeat_token") {
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const auto& f = faults_[i];
+    if (!active(f, position / accum_)) continue;
+    auto& tokens = batch.tokens;  // (B, T+1)
+    if (f.kind == config::FaultKind::kSpliceData) {
+      // Consecutive windows of the spliced dataset, from its start, wrapping around.
+      const data::ShardSet& junk = *splices_[i];
+      const int64_t B = tokens.size(0), T = tokens.size(1) - 1;
+      const int64_t windows = std::max<int64_t>((junk.num_tokens() - 1) / T, 1);
+      const int64_t first = (position - f.at_step * accum_) * B;
+      auto host = torch::empty_like(tokens, tokens.options().device(torch::kCPU));
+      for (int64_t b = 0; b < B; ++b)
+        junk.read(((first + b) % windows) * T, T + 1, host.data_ptr<int64_t>() + b * (T + 1));
+      tokens.copy_(host);
+      done = true;
+      continue;
+    }
+    if (f.kind != config::FaultKind::kCorruptBatch) continue;
+    if (f.mode == config::CorruptMode::kRepeatToken) {
       tokens.fill_(torch::randint(vocab_, {1}, gen_, torch::kInt64).item<int64_t>());
-    } else if (f.mode == "shuffled") {
+    } else if (f.mode == config::CorruptMode::kShuffled) {
       for (int64_t b = 0; b < tokens.size(0); ++b)
         tokens[b].copy_(
             tokens[b].index_select(0, torch::randperm(tokens.size(1), gen_, torch::kInt64)));
@@ -37,18 +65,18 @@ bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
 double FaultInjector::lr_multiplier(int64_t iteration) const {
   double m = 1.0;
   for (const auto& f : faults_)
-    if (f.kind == "lr_spike" && active(f, iteration)) m *= f.factor;
+    if (f.kind == config::FaultKind::kLrSpike && active(f, iteration)) m *= f.factor;
   return m;
 }
 
 void FaultInjector::after_backward(int64_t iteration,
                                    const std::vector<torch::Tensor>& params) const {
   for (const auto& f : faults_) {
-    if (f.kind == "crash" && iteration == f.at_step) {
+    if (f.kind == config::FaultKind::kCrash && iteration == f.at_step) {
       log::warn("faults", "crash fault at iteration {}: killing the process", iteration);
       ::kill(::getpid(), SIGKILL);
     }
-    if (f.kind == "nan_grad" && active(f, iteration)) {
+    if (f.kind == config::FaultKind::kNanGrad && active(f, iteration)) {
       for (const auto& p : params)
         if (p.grad().defined()) {
           p.grad().fill_(std::numeric_limits<float>::quiet_NaN());

@@ -3,6 +3,9 @@
 //   corrupt_batch  the data itself is bad: the micro-batches that a clean run would train on in
 //                  optimizer steps [at_step, at_step+steps) (positions in the data order). Skipping
 //                  that data (rollback.skip_data) really avoids it.
+//   splice_data    the same positions, but their windows are replaced by real text: consecutive
+//                  windows of the dataset at `path` (prepared by `keel prepare`, so whatever its
+//                  filters let through), as if a stretch of junk documents sat in the data order.
 //   nan_grad, lr_spike, crash
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
@@ -13,10 +16,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "config/schema.h"
 #include "data/batch.h"
+#include "data/shard_reader.h"
 
 namespace keel::train {
 
@@ -39,6 +44,7 @@ class FaultInjector {
     return at >= f.at_step && at < f.at_step + std::max<int64_t>(f.steps, 1);
   }
   std::vector<config::FaultSpec> faults_;
+  std::vector<std::unique_ptr<data::ShardSet>> splices_;  // per fault (null unless splice_data)
   int64_t accum_, vocab_;
   torch::Generator gen_;
 };

@@ -37,7 +37,10 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
     for (size_t i = 0; i < layers->names().size(); ++i)
       layers_json[layers->names()[i]] = signals["layer_grad_norms"][i];
 
-  monitor::write_record_file((dir / "samples.json").string(), samples.dump(2) + "\n");
+  // Decoded text need not be UTF-8 (byte-level data): invalid bytes are written as U+FFFD.
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  monitor::write_record_file((dir / "samples.json").string(),
+                             samples.dump(2, ' ', false, kReplace) + "\n");
   monitor::write_record_file((dir / "layers.json").string(), layers_json.dump(2) + "\n");
   monitor::write_record_file((dir / "signals.json").string(), signals.dump(2) + "\n");
   checkpoint::TensorMap weights;
@@ -56,35 +59,47 @@ void Trainer::State::write_forensics(const nlohmann::json& signals) {
 void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason) {
   // The losses this step measured, by sample id, for the records of the samples it held.
   std::map<int64_t, double> measured;
-  for (size_t m = 0; m < step_samples.ids.size(); ++m) {
-    auto ids = step_samples.ids[m].to(torch::kCPU, torch::kInt64).contiguous();
-    auto losses = step_samples.losses[m].to(torch::kCPU, torch::kFloat64).contiguous();
-    for (int64_t i = 0; i < ids.numel(); ++i)
-      measured[ids.data_ptr<int64_t>()[i]] = losses.data_ptr<double>()[i];
-  }
+  for (size_t i = 0; i < host_samples.ids.size(); ++i)
+    measured[host_samples.ids[i]] = host_samples.losses[i];
   for (int64_t n = 0; n < micro_batches; ++n) {
     const data::Batch batch = train_data->next();
     const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
     for (int64_t i = 0; i < ids.numel(); ++i) {
       const int64_t id = ids.data_ptr<int64_t>()[i];
-      monitor::JsonRecord rec;
-      rec.add("id", id).add("step", counters.step).add("iteration", counters.iteration);
-      rec.add("reason", reason);
-      if (auto it = measured.find(id); it != measured.end()) rec.add("loss", it->second);
-      files.quarantine.write(rec);
+      const auto it = measured.find(id);
+      quarantine(id, reason,
+                 it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
     }
   }
 }
 
+// Within an incident whose rollbacks are spent, an alarming step is dropped: the update was never
+// applied, and its samples (those the screen kept; the masked ones are on record already) are set
+// aside so that a person can look at them.
+void Trainer::State::drop_step(const Verdict& v) {
+  for (const auto& e : v.decision.events) {
+    if (e.kind != "pause") continue;
+    event("pause", e.detail);
+    // Forensics of an incident's first alarm only: a long region must not fill the disk.
+    if (e.detail.value("alarm_in_incident", int64_t{0}) == 1) write_forensics(v.signals);
+  }
+  // "alarm": the model was fine and the step's data set the alarm off; "incident_skip": the
+  // incident's rollbacks were spent.
+  const std::string reason = v.decision.skip_reason == "data" ? "alarm" : "incident_skip";
+  for (size_t i = 0; i < host_samples.ids.size(); ++i)
+    if (host_samples.kept[i])
+      quarantine(host_samples.ids[i], reason, host_samples.losses[i],
+                 {{"incident", v.decision.incident}});
+  counters.quarantined_micro += cfg.data.grad_accum_steps;
+}
+
 void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   const auto& events = verdict.decision.events;
-  nlohmann::json detail = events.empty() ? nlohmann::json::object() : events.back().detail;
+  nlohmann::json detail = nlohmann::json::object();
+  for (const auto& e : events)
+    if (e.kind == "pause") detail = e.detail;
   event("pause", detail);
   write_forensics(verdict.signals);
-  if (!cfg.stability.rollback.enabled) {
-    log::warn("guard", "pause at step {}: rollback disabled, the update is skipped", counters.step);
-    return;
-  }
   // Read (and so verified) once: the newest stable snapshot that loads.
   auto target = checkpointer->load_newest("stable");
   if (!target)
@@ -94,15 +109,19 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   const int64_t from_step = counters.step;
   const int64_t stable_micro = TrainCounters::from_json(target->data.trainer_state).micro_taken;
   // Data moves forward, the model goes back: with skip_data the window consumed since the stable
-  // snapshot (which held the offending samples) is never trained on again.
+  // snapshot (which held the offending samples) is never trained on again. The fp16 loss scale
+  // stays as the scaler has learned it: going back to an old scale would replay its overflows.
   const bool replay = !cfg.stability.rollback.skip_data;
+  std::map<std::string, torch::Tensor> scale;
+  if (scaler) scale = scaler->state_dict();
   restore(target->data, /*restore_data=*/replay, /*restore_guard=*/false);
+  if (scaler) scaler->load_state_dict(scale);
   nlohmann::json quarantine = nullptr;
   if (!replay) {
     // The window since the stable snapshot (which held the offending samples) is set aside, each
-    // sample on record, plus skip_ahead_steps more; all count as taken, so the consumed-vs-steps
-    // cross-check still holds and a resumed run skips the same window.
-    const int64_t ahead = cfg.stability.rollback.skip_ahead_steps * cfg.data.grad_accum_steps;
+    // sample on record, plus the incident's skip-ahead; all count as taken, so the consumed-vs-
+    // steps cross-check still holds and a resumed run skips the same window.
+    const int64_t ahead = verdict.decision.skip_ahead_steps * cfg.data.grad_accum_steps;
     const int64_t window = counters.micro_taken - stable_micro;
     train_data->load_state(target->data.trainer_state.at("data"));
     set_aside(window + ahead, "rollback");
@@ -117,22 +136,23 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   }
   // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
   checkpointer->abandon_after(counters.step);
-  nlohmann::json incident = {{"pause_step", from_step},
-                             {"iteration", counters.iteration},
-                             {"reason", detail.value("reason", "")},
-                             {"to_step", counters.step}};
+  const auto& saved = target->data.trainer_state;
+  guard->rolled_back(counters.step, saved.contains("guard") ? saved.at("guard") : nlohmann::json());
   event("rollback", {{"from_step", from_step},
                      {"to_step", counters.step},
+                     {"incident", verdict.decision.incident},
                      {"checkpoint", target->path.string()},
                      {"quarantine", quarantine}});
-  const guard::Decision budget = guard->on_rollback(counters.step, incident);
-  if (budget.action == guard::Action::kAbort) stop(budget);
-  event("recovery_start", {{"steps", cfg.stability.recovery.steps},
+  const int64_t recovery = config::recovery_steps(cfg.stability, cfg.run.max_steps);
+  event("recovery_start", {{"steps", recovery},
                            {"lr_factor", cfg.stability.recovery.lr_factor},
-                           {"until_step", counters.step + cfg.stability.recovery.steps}});
-  log::warn(
-      "guard", "rolled back from step {} to stable step {}; recovering at {} x lr for {} steps",
-      from_step, counters.step, cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
+                           {"until_step", counters.step + recovery},
+                           {"incident", verdict.decision.incident}});
+  log::warn("guard",
+            "incident {}: rolled back from step {} to stable step {}; recovering at {} x lr for {} "
+            "steps",
+            verdict.decision.incident, from_step, counters.step, cfg.stability.recovery.lr_factor,
+            recovery);
 }
 
 }  // namespace keel::train

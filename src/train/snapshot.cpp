@@ -21,11 +21,14 @@ struct Flatten {
     if constexpr (std::is_same_v<T, std::vector<double>> ||
                   std::is_same_v<T, std::vector<std::string>>) {
       for (auto& v : value) s << v << ",";
+    } else if constexpr (config::Choice<T>) {
+      s << config::name_of(value);
     } else {
       s << value;
     }
     out[prefix + key] = s.str();
   }
+  void field(const char* key, int64_t& value, config::AutoAllowed) { field(key, value); }
   template <class S>
   void section(const char* key, S& sub) {
     std::string saved = prefix;
@@ -77,8 +80,10 @@ checkpoint::CheckpointData Trainer::State::capture() const {
   counters.to_json(data.trainer_state, cfg.data.micro_batch_size, comm.world_size(),
                    cfg.model.seq_len);
   data.trainer_state["data"] = train_data->state();
-  data.trainer_state["schedule"] = {{"kind", cfg.schedule.kind}, {"step", counters.step}};
+  data.trainer_state["schedule"] = {{"kind", config::name_of(cfg.schedule.kind)},
+                                    {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
+  if (std::isfinite(probe_reference)) data.trainer_state["probe_loss"] = probe_reference;
   data.config_yaml = resolved_yaml;
   return data;
 }
@@ -117,12 +122,19 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
     counters.step = saved.step;  // the model goes back; the data position moves on
   }
   if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
+  // The model is now the one that checkpoint holds: its reference measure (a checkpoint carries
+  // its newest stable snapshot's, which a stable one measured itself).
+  if (auto it = ts.find("probe_loss"); it != ts.end() && it->is_number())
+    probe_reference = it->get<double>();
   last_checkpoint_step = counters.step;
 }
 
 void Trainer::State::save_checkpoint(bool stable) {
+  if (stable && guard) probe_reference = probe_loss();
   auto path = checkpointer->save(counters.step, capture(), stable);
   last_checkpoint_step = counters.step;
+  save_stall_s = checkpointer->last_stall_seconds();
+  if (stable) quarantined_since_stable.clear();  // no rollback goes back past it
   nlohmann::json detail = {{"path", path.string()},
                            {"stall_s", checkpointer->last_stall_seconds()},
                            {"async", cfg.checkpoint.async}};
@@ -131,16 +143,50 @@ void Trainer::State::save_checkpoint(bool stable) {
 }
 
 void Trainer::State::maybe_checkpoint() {
+  decide_checkpoint_cadence();
   const int64_t step = counters.step;
   if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway
-  const int64_t every = cfg.checkpoint.every_steps;
-  const int64_t stable_every =
-      cfg.checkpoint.stable.every_steps > 0 ? cfg.checkpoint.stable.every_steps : every;
-  const bool due = every > 0 && step % every == 0;
+  const bool due = checkpoint_every > 0 && step % checkpoint_every == 0;
   const bool stable_due = guard && stable_every > 0 && step % stable_every == 0;
   if (!due && !stable_due) return;
-  const auto& st = cfg.checkpoint.stable;
-  save_checkpoint(stable_due && guard->promotable(step, st.window, st.require_no_alarms));
+  save_checkpoint(stable_due &&
+                  guard->promotable(step, stable_window, cfg.checkpoint.stable.require_no_alarms));
+}
+
+// checkpoint.every_steps: auto. The interval at which a save costs checkpoint.max_overhead of
+// training time, from this run's own figures: the stall of its newest save (the step-0 snapshot,
+// or a save made here to measure one) and the mean time of this process's step attempts since
+// its kCadenceStartStep-th (a resumed run measures its own). Every rank
+// takes the mean of the ranks' figures, so all decide the same.
+void Trainer::State::decide_checkpoint_cadence() {
+  if (cadence_decided) return;
+  ++cadence_attempts;
+  if (cadence_attempts == kCadenceStartStep) cadence_start = Clock::now();
+  if (cadence_attempts < kCadenceProbeStep) return;
+  const double step_s =
+      seconds_since(cadence_start) / static_cast<double>(kCadenceProbeStep - kCadenceStartStep);
+  if (!save_stall_s) save_checkpoint(/*stable=*/false);
+  std::vector<torch::Tensor> figures{
+      torch::tensor({step_s, *save_stall_s}, torch::TensorOptions().dtype(torch::kFloat64))
+          .to(device)};
+  comm.all_reduce_mean_(figures);
+  const auto host = figures[0].to(torch::kCPU);
+  const double step_mean = host[0].item<double>(), stall = host[1].item<double>();
+  checkpoint_every =
+      checkpoint::auto_interval(stall, step_mean, cfg.checkpoint.max_overhead, cfg.run.max_steps);
+  stable_every = checkpoint::stable_interval(cfg.checkpoint, checkpoint_every);
+  stable_window = checkpoint::stable_window(cfg.checkpoint, checkpoint_every);
+  cadence_decided = true;
+  event("checkpoint_cadence", {{"every_steps", checkpoint_every},
+                               {"stable_every_steps", stable_every},
+                               {"stable_window", stable_window},
+                               {"save_stall_s", stall},
+                               {"step_s", step_mean},
+                               {"max_overhead", cfg.checkpoint.max_overhead}});
+  log::info("ckpt",
+            "checkpoint.every_steps auto: every {} steps, stable snapshots every {} (a save stalls "
+            "{:.3f} s, a step takes {:.3f} s: at most {:.1f} % of training time)",
+            checkpoint_every, stable_every, stall, step_mean, cfg.checkpoint.max_overhead * 100);
 }
 
 bool Trainer::State::resume() {
@@ -201,12 +247,13 @@ bool Trainer::State::resume() {
   restore(data, /*restore_data=*/true, /*restore_guard=*/true);
   log::info("ckpt", "resumed from {} at step {}", path->string(), counters.step);
   event("resume", {{"path", path->string()}, {"from_step", counters.step}, {"mode", which}});
-  const std::string& on_resume = cfg.stability.recovery.on_resume;
+  const config::ResumeRecovery on_resume = cfg.stability.recovery.on_resume;
   if (crash)
     event("crash_loop", {{"died_at_step", crash->step},
                          {"died_at_iteration", crash->iteration + 1},
                          {"abnormal_ends", 2}});
-  if (crash || on_resume == "always" || (on_resume == "stable" && which == "stable"))
+  if (crash || on_resume == config::ResumeRecovery::kAlways ||
+      (on_resume == config::ResumeRecovery::kStable && which == "stable"))
     begin_resume_recovery(*path, crash ? "crash_loop" : "resume_" + which, crash);
   return true;
 }

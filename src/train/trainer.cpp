@@ -23,13 +23,15 @@ namespace {
 
 // Sample ids of the validation stream live far above any training id, so the two never overlap.
 constexpr int64_t kValidationIdBase = int64_t{1} << 48;
+// Sequences in the reference batch the guard's diagnosis measures the model on.
+constexpr int64_t kProbeSequences = 8;
 
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-torch::Device select_device(const std::string& requested) {
-  if (requested == "cpu") return torch::kCPU;
+torch::Device select_device(config::Device requested) {
+  if (requested == config::Device::kCpu) return torch::kCPU;
   bool has_cuda = torch::cuda::is_available();
-  if (requested == "cuda") {
+  if (requested == config::Device::kCuda) {
     if (!has_cuda)
       throw ConfigError(
           "run.device: cuda requested but no CUDA device is visible; use auto or cpu");
@@ -40,7 +42,7 @@ torch::Device select_device(const std::string& requested) {
 
 std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int rank, int world,
                                                bool validation) {
-  if (cfg.data.source == "synthetic") {
+  if (cfg.data.source == config::DataSource::kSynthetic) {
     data::SyntheticChain chain(cfg.model.vocab_size, cfg.data.synthetic_branching,
                                cfg.data.synthetic_zipf, static_cast<uint64_t>(cfg.run.seed));
     return std::make_unique<data::SyntheticSource>(std::move(chain), cfg.data.micro_batch_size,
@@ -55,6 +57,13 @@ nlohmann::json finite_or_null(double v) {
 }
 
 }  // namespace
+
+config::Config Trainer::State::resolved_config(const config::Config& c) {
+  std::optional<int64_t> data_vocab;
+  if (c.model.vocab_size == config::kAuto && c.data.source == config::DataSource::kShards)
+    data_vocab = data::shard_vocab_size(c.data.path);
+  return config::resolve_auto(c, data_vocab);
+}
 
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
   if (!options.run_dir.empty()) return options.run_dir;
@@ -118,19 +127,18 @@ void Trainer::State::setup() {
 
   process_settings = std::make_unique<ProcessSettings>();
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
-  if (cfg.run.host_allocator == "caching") {
+  if (cfg.run.host_allocator == config::HostAllocator::kCaching) {
     install_caching_host_allocator(default_host_cache_limit());
   } else {
     restore_default_host_allocator();
   }
   // Without oneDNN in this LibTorch, model::linear stays on ATen whatever the choice.
-  model::set_cpu_matmul(cfg.run.cpu_matmul == "onednn" ? model::CpuMatmul::kOneDnn
-                                                       : model::CpuMatmul::kAten);
+  model::set_cpu_matmul(cfg.run.cpu_matmul);
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 
   device = select_device(cfg.run.device);
-  precision = optim::parse_precision(cfg.run.precision);
+  precision = cfg.run.precision;
   model = model::Transformer(cfg.model);
   model->to(device);  // parameters stay fp32: the master weights; autocast lowers the compute
 
@@ -139,23 +147,34 @@ void Trainer::State::setup() {
     params.push_back(item.value());
   }
   optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
-  if (precision == optim::Precision::kFp16) scaler.emplace(device);
+  if (precision == optim::Precision::kFp16)
+    scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
+                   /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
   layers = std::make_unique<LayerGroups>(named_params, device);
 
   const int rank = comm.rank(), world = comm.world_size();
   train_data = make_source(cfg, rank, world, /*validation=*/false);
   val_data = make_source(cfg, rank, world, /*validation=*/true);
   val_start = val_data->state();
+  probe_tokens = val_data->next().tokens;
+  probe_tokens =
+      probe_tokens.slice(0, 0, std::min<int64_t>(kProbeSequences, probe_tokens.size(0))).clone();
   if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(train_data.get()))
     loss_floor = synthetic->chain().entropy_rate();
   faults = std::make_unique<FaultInjector>(cfg.faults, cfg.data.grad_accum_steps,
                                            cfg.model.vocab_size, cfg.run.seed + rank);
-  if (cfg.stability.enabled)
-    guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
-                                           schedule::warmup_steps(cfg.schedule, cfg.run.max_steps));
-
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
+  if (cfg.stability.enabled)
+    guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
+                                           schedule::warmup_steps(cfg.schedule, cfg.run.max_steps),
+                                           samples_per_step, cfg.run.max_steps);
+  if (cfg.checkpoint.every_steps != config::kAuto) {
+    checkpoint_every = cfg.checkpoint.every_steps;
+    stable_every = checkpoint::stable_interval(cfg.checkpoint, checkpoint_every);
+    stable_window = checkpoint::stable_window(cfg.checkpoint, checkpoint_every);
+    cadence_decided = true;
+  }
   grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
@@ -163,11 +182,11 @@ void Trainer::State::setup() {
       checkpoint::xxh3_hex_of(resolved_yaml), [this] { comm.barrier(); });
 
   log::info("train", "run directory {}", run_dir);
-  log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}", cfg.model.arch,
-            model->num_parameters() / 1e6, model->flops_per_token() / 1e6, device.str(),
-            cfg.run.precision);
+  log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}",
+            config::name_of(cfg.model.arch), model->num_parameters() / 1e6,
+            model->flops_per_token() / 1e6, device.str(), config::name_of(cfg.run.precision));
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
-            optimizer->describe(), cfg.optim.lr, cfg.schedule.kind,
+            optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
             schedule::warmup_steps(cfg.schedule, cfg.run.max_steps), samples_per_step,
             tokens_per_step);
   if (loss_floor)
@@ -180,23 +199,27 @@ void Trainer::State::setup() {
   event("run_start", {{"world_size", world},
                       {"device", device.str()},
                       {"parameters", model->num_parameters()},
+                      {"flops_per_token", model->flops_per_token()},
                       {"resume", options.resume}});
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
 }
 
 // ---- the step ---------------------------------------------------------------------------------
-// One optimizer step, top to bottom: the micro-batches' forward and backward, the fault hook, the
-// measurements (one host read when the guard is on), the guard's decision, then the update and
-// its record — or a skip or a rollback instead of the update.
+// One optimizer step, top to bottom: the micro-batches' forward and backward (screened: samples
+// far above the per-sample baseline are masked out of the loss), the fault hook, the measurements
+// (one host read when the guard is on), the guard's decision, then the update and its record — or
+// a skip or a rollback instead of the update.
 void Trainer::State::train_step() {
   const double lr = effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get());
   const bool log_step = is_log_step();
   model->set_record_activation_stats(log_step && guard);
+  const std::optional<double> threshold =
+      guard ? guard->screen_threshold(counters.step) : std::nullopt;
 
-  torch::Tensor loss = forward_backward(/*keep_samples=*/guard != nullptr);
+  torch::Tensor loss = forward_backward(/*keep_samples=*/guard != nullptr, threshold);
   faults->after_backward(counters.iteration, params);
-  const StepResult result = measure(std::move(loss));
+  const StepResult result = measure(std::move(loss), threshold);
   const Verdict verdict = decide(result, lr);
   if (verdict.action() != guard::Action::kApply) {
     reject(verdict, result);
@@ -224,15 +247,18 @@ data::Batch Trainer::State::next_batch() {
   return batch;
 }
 
-// Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. Returns
-// the step's mean cross-entropy (device scalar).
-torch::Tensor Trainer::State::forward_backward(bool keep_samples) {
+// Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. With a
+// screen threshold, samples whose loss is above it (not NaN ones: those are the guard's) weigh 0,
+// the rest 1/B each. Returns the step's mean cross-entropy over the kept samples (device scalar).
+torch::Tensor Trainer::State::forward_backward(bool keep_samples,
+                                               std::optional<double> screen_threshold) {
   const int64_t accum = cfg.data.grad_accum_steps;
   model->train();
   step_samples.clear();
-  torch::Tensor loss_sum =
-      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  std::vector<int64_t> sample_ids;  // logging.sample_ids: this step's data, in order
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  torch::Tensor loss_sum = torch::zeros({}, fp32), kept = torch::zeros({}, fp32);
+  std::vector<int64_t> sample_ids;                // logging.sample_ids: this step's data, in order
+  const int64_t position = counters.micro_taken;  // of its first micro-batch in the data order
   for (int64_t micro = 0; micro < accum; ++micro) {
     data::Batch batch = next_batch();
     if (cfg.logging.sample_ids) {
@@ -248,27 +274,47 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples) {
     }
     // Each micro-batch contributes 1/accum of the step's mean loss, so the summed gradient equals
     // the gradient of one batch accum times larger.
-    torch::Tensor scaled = out.loss / static_cast<double>(accum);
+    torch::Tensor objective = out.loss, keep;
+    const auto samples = static_cast<double>(out.per_sample_loss.numel());
+    loss_sum += out.ce_loss * samples;
+    kept += samples;
+    if (screen_threshold) {
+      keep = out.per_sample_loss.le(*screen_threshold)
+                 .logical_or(out.per_sample_loss.isnan())
+                 .to(torch::kFloat32);  // (B)
+      // The masked samples' share taken back out: x - 0 is x, so a step that masks nothing
+      // computes exactly what an unscreened step does, bit for bit.
+      const auto masked = 1.0 - keep;
+      objective = objective - (out.per_sample_objective * masked).mean();
+      loss_sum -= (out.per_sample_loss * masked).sum();
+      kept -= masked.sum();
+    }
+    torch::Tensor scaled = objective / static_cast<double>(accum);
     if (scaler) scaled = scaled * scaler->scale();
     scaled.backward();
-    loss_sum += out.ce_loss.detach();
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
       step_samples.losses.push_back(out.per_sample_loss);
       step_samples.tokens.push_back(batch.tokens);
+      if (keep.defined()) step_samples.keep.push_back(keep);
+      if (batch.doc_lengths.defined()) step_samples.doc_lengths.push_back(batch.doc_lengths);
+      if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
     }
   }
   if (cfg.logging.sample_ids)
     files.samples.write(monitor::JsonRecord()
                             .add("step", counters.step + 1)
                             .add("iteration", counters.iteration)
+                            .add("position", position)
                             .add("ids", nlohmann::json(sample_ids)));
-  return loss_sum / static_cast<double>(accum);
+  return loss_sum / kept.clamp_min(1.0);
 }
 
 // Unscales (fp16), averages across ranks, and takes the norms: one pass over the gradients gives
-// the per-parameter norms (the guard's layer norms) and from them the global norm.
-StepResult Trainer::State::measure(torch::Tensor loss) {
+// the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
+// step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
+// mean over the kept ones (folded into clipping, so no extra pass over the gradients).
+StepResult Trainer::State::measure(torch::Tensor loss, std::optional<double> screen_threshold) {
   StepResult r;
   if (scaler) r.found_inf = scaler->unscale_(params);
   if (comm.world_size() > 1) {
@@ -280,6 +326,12 @@ StepResult Trainer::State::measure(torch::Tensor loss) {
   }
   r.loss = std::move(loss);
   r.param_norms = optim::per_param_grad_norms(params);
+  r.screen_threshold = screen_threshold;
+  if (screen_threshold) {
+    auto keep = torch::cat(step_samples.keep);
+    r.grad_scale = (static_cast<double>(keep.numel()) / keep.sum().clamp_min(1.0)).reshape({});
+    r.param_norms = r.param_norms * r.grad_scale;
+  }
   r.grad_norm = r.param_norms.norm();
   r.clip_bound = clip_bound();
   return r;
@@ -289,40 +341,104 @@ StepResult Trainer::State::measure(torch::Tensor loss) {
 // statistics of the applied steps, never above the fixed bound.
 double Trainer::State::clip_bound() const {
   double bound = cfg.optim.grad_clip;
-  if (guard && cfg.optim.clip_mode == "adaptive" && guard->baseline_ready())
+  if (guard && cfg.optim.clip_mode == config::ClipMode::kAdaptive && guard->baseline_ready())
     bound = std::min(
         bound, guard->grad_norm_mean() + cfg.optim.adaptive_clip_z * guard->grad_norm_stddev());
   return bound;
 }
 
-// One small host read per step, so the guard decides before the update touches the weights.
+// One small host read per step, so the guard decides before the update touches the weights: the
+// loss, the norms, the fp16 overflow flag and the step's per-sample losses and screen flags.
 // Without the guard every step is applied (a non-finite gradient is still refused on the device).
 Verdict Trainer::State::decide(const StepResult& r, double lr) {
   Verdict v;
   if (!guard) return v;
   const auto start = Clock::now();
-  auto packed =
-      torch::cat({r.loss.reshape({1}), r.grad_norm.reshape({1}), layers->reduce(r.param_norms)})
-          .to(torch::kCPU, torch::kFloat64);
+  const auto dev = r.loss.options();
+  std::vector<torch::Tensor> parts = {
+      r.loss.reshape({1}), r.grad_norm.reshape({1}),
+      r.found_inf ? r.found_inf->reshape({1}).to(dev) : torch::zeros({1}, dev),
+      layers->reduce(r.param_norms)};
+  const auto losses = torch::cat(step_samples.losses).to(dev);
+  parts.push_back(losses);
+  if (r.screen_threshold) parts.push_back(torch::cat(step_samples.keep).to(dev));
+  auto packed = torch::cat(parts).to(torch::kCPU, torch::kFloat64);
   const double* p = packed.data_ptr<double>();
+  const int64_t n_layers = static_cast<int64_t>(layers->names().size());
+  const int64_t n = losses.numel();
+  const double* sample_loss = p + 3 + n_layers;
+  const double* keep = r.screen_threshold ? sample_loss + n : nullptr;
+
   guard::StepSignals s;
   s.step = counters.step;
+  s.iteration = counters.iteration;
   s.loss = p[0];
   s.grad_norm = p[1];
-  s.layer_grad_norms.assign(p + 2, p + packed.numel());
+  s.overflow = p[2] > 0;
+  s.layer_grad_norms.assign(p + 3, p + 3 + n_layers);
   s.clipped = s.grad_norm > r.clip_bound;
   if (scaler) s.loss_scale = scaler->scale().item<double>();
+  s.samples = n;
+  s.screen_threshold = r.screen_threshold;
+  const auto ids = torch::cat(step_samples.ids).to(torch::kCPU, torch::kInt64).contiguous();
+  host_samples = HostSamples();
+  for (int64_t i = 0; i < n; ++i) {
+    const bool kept = !keep || keep[i] > 0.5;
+    host_samples.ids.push_back(ids.data_ptr<int64_t>()[i]);
+    host_samples.losses.push_back(sample_loss[i]);
+    host_samples.kept.push_back(kept);
+    (kept ? s.kept_losses : s.masked_losses).push_back(sample_loss[i]);
+    host_samples.masked += !kept;
+  }
+  last_layer_grad_norms = s.layer_grad_norms;
   v.decision = guard->observe(s);
+  if (v.decision.needs_diagnosis) {
+    // Is the model worse than the snapshot a rollback would restore, on data known to be clean?
+    const double ratio = probe_loss() / probe_reference;
+    v.decision = guard->resolve(std::move(v.decision), ratio);
+  }
   v.signals = {{"loss", finite_or_null(s.loss)},
                {"grad_norm", finite_or_null(s.grad_norm)},
                {"lr", lr},
                {"clip_bound", r.clip_bound},
                {"layer_grad_norms", s.layer_grad_norms}};
   if (v.action() == guard::Action::kApply && s.clipped) ++window.clipped;
+  window.masked += host_samples.masked;
+  quarantine_screened(v.decision);
   window.guard_s += seconds_since(start);
   if (v.action() == guard::Action::kAbort) stop(v.decision);
   record_events(v.decision);
   return v;
+}
+
+void Trainer::State::quarantine(int64_t id, const std::string& reason, std::optional<double> loss,
+                                nlohmann::json extra) {
+  if (!quarantined_since_stable.insert(id).second) return;  // on record already
+  monitor::JsonRecord rec;
+  rec.add("id", id).add("step", counters.step).add("iteration", counters.iteration);
+  rec.add("reason", reason);
+  if (loss) rec.add("loss", finite_or_null(*loss));
+  const nlohmann::json where = train_data->locate(id);  // a named json: items() refers to it
+  for (auto& [key, value] : where.items()) rec.add(key, value);
+  for (auto& [key, value] : extra.items()) rec.add(key, value);
+  files.quarantine.write(rec);
+}
+
+void Trainer::State::quarantine_screened(guard::Decision& d) {
+  if (host_samples.masked == 0) return;
+  std::vector<std::pair<double, int64_t>> masked;  // (loss, id), worst first
+  for (size_t i = 0; i < host_samples.ids.size(); ++i)
+    if (!host_samples.kept[i]) masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
+  std::sort(masked.rbegin(), masked.rend());
+  nlohmann::json named = nlohmann::json::array();
+  for (const auto& [loss, id] : masked) {
+    quarantine(id, "screen", loss);
+    if (named.size() < static_cast<size_t>(std::max<int64_t>(cfg.stability.top_k_samples, 1)))
+      named.push_back({{"id", id}, {"loss", loss}});
+  }
+  for (auto& e : d.events)
+    if (e.kind == "screen" || e.detail.value("signal", "") == "screen")
+      e.detail["top_samples"] = named;
 }
 
 // A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
@@ -330,13 +446,15 @@ void Trainer::State::reject(const Verdict& v, const StepResult& r) {
   if (scaler && r.found_inf) scaler->update(*r.found_inf);
   optimizer->zero_grad();
   ++counters.iteration;
+  ++window.skipped;
   if (v.action() == guard::Action::kPause) pause_and_rollback(v);
+  if (v.decision.skip_reason == "incident" || v.decision.skip_reason == "data") drop_step(v);
 }
 
 // Clips, steps the optimizer and counts the update. At log steps it returns the per-layer
 // update/parameter ratios |Δw|/|w| (empty otherwise).
 std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr, bool log_step) {
-  optim::clip_grad_norm_(params, r.clip_bound, r.grad_norm);
+  optim::clip_grad_norm_(params, r.clip_bound, r.grad_norm, r.grad_scale);
   // A non-finite gradient never reaches the weights: the update is skipped on the device.
   torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
   torch::Tensor found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
@@ -351,7 +469,7 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
   ++counters.iteration;
   ++window.steps;
   if (guard)
-    if (auto e = guard->after_update(counters.step)) event(e->kind, e->detail);
+    for (const auto& e : guard->after_update(counters.step)) event(e.kind, e.detail);
   if (!log_step) return {};
 
   auto delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
@@ -360,6 +478,52 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
   auto total = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).reshape({1});
   auto host = torch::cat({total, layer_ratio}).to(torch::kCPU, torch::kFloat64);
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+namespace {
+
+// The q-quantile (nearest rank) of `v`, which it reorders.
+double quantile(std::vector<double>& v, double q) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const auto k = static_cast<size_t>(
+      std::min<double>(q * static_cast<double>(v.size()), static_cast<double>(v.size() - 1)));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+}  // namespace
+
+// The seed's continuous data statistics for the step just applied: its per-sample loss
+// distribution, the lengths of the documents its windows start in, and its bucket (cluster) mix.
+nlohmann::json Trainer::State::data_statistics() const {
+  nlohmann::json out = nlohmann::json::object();
+  std::vector<double> losses;
+  for (size_t i = 0; i < host_samples.losses.size(); ++i)
+    if (host_samples.kept[i] && std::isfinite(host_samples.losses[i]))
+      losses.push_back(host_samples.losses[i]);
+  if (!losses.empty()) {
+    const double mean = std::accumulate(losses.begin(), losses.end(), 0.0) / losses.size();
+    const double max = *std::max_element(losses.begin(), losses.end());
+    out["sample_loss"] = {{"mean", mean},
+                          {"p50", quantile(losses, 0.5)},
+                          {"p99", quantile(losses, 0.99)},
+                          {"max", max}};
+  }
+  if (!step_samples.doc_lengths.empty()) {
+    const auto lengths = torch::cat(step_samples.doc_lengths).to(torch::kFloat64).contiguous();
+    std::vector<double> v(lengths.data_ptr<double>(), lengths.data_ptr<double>() + lengths.numel());
+    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / std::max<size_t>(v.size(), 1);
+    out["doc_len"] = {{"mean", mean}, {"p95", quantile(v, 0.95)}};
+  }
+  if (!step_samples.buckets.empty()) {
+    const auto buckets = torch::cat(step_samples.buckets).contiguous();
+    std::map<int64_t, int64_t> mix;
+    for (int64_t i = 0; i < buckets.numel(); ++i) ++mix[buckets.data_ptr<int64_t>()[i]];
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [bucket, count] : mix) j[std::to_string(bucket)] = count;
+    out["bucket_mix"] = j;
+  }
+  return out;
 }
 
 // One metrics line (and the progress line) for the logging window that ends with this step.
@@ -403,10 +567,16 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   const int64_t samples = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
   rec.add("tokens_seen", samples * cfg.model.seq_len).add("samples_seen", samples);
   if (guard) {
-    nlohmann::json per_layer = nlohmann::json::object();
+    nlohmann::json per_layer = nlohmann::json::object(), layer_norms = nlohmann::json::object();
     for (size_t i = 0; i < layer_ratios.size(); ++i)
       per_layer[layers->names()[i]] = layer_ratios[i];
-    rec.add("update_ratio_layers", per_layer);
+    for (size_t i = 0; i < last_layer_grad_norms.size() && i < layers->names().size(); ++i)
+      layer_norms[layers->names()[i]] = last_layer_grad_norms[i];
+    rec.add("update_ratio_layers", per_layer).add("grad_norm_layers", layer_norms);
+    rec.add("skipped_steps", window.skipped).add("masked_samples", window.masked);
+    if (r.screen_threshold) rec.add("screen_threshold", *r.screen_threshold);
+    const nlohmann::json statistics = data_statistics();
+    for (auto& [key, value] : statistics.items()) rec.add(key, value);
     if (guard->in_recovery(counters.step)) rec.add("recovery", true);
   }
   files.metrics.write(rec);
@@ -447,6 +617,21 @@ void Trainer::State::check_consumed() {
       "trainer consumed {} (deviation {:.1f} % > data.consumed_tolerance {:.1f} %)",
       counters.step, static_cast<int64_t>(served), static_cast<int64_t>(expected), deviation * 100,
       cfg.data.consumed_tolerance * 100));
+}
+
+double Trainer::State::probe_loss() {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto tokens = probe_tokens.to(device);  // (P, T+1)
+  torch::Tensor loss;
+  {
+    optim::AutocastScope autocast(device.type(), precision);
+    loss = model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1)).ce_loss;
+  }
+  model->train();
+  std::vector<torch::Tensor> t{loss.reshape({1})};
+  comm.all_reduce_mean_(t);
+  return t[0].item<double>();
 }
 
 double Trainer::State::evaluate() {

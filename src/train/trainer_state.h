@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "checkpoint/checkpointer.h"
@@ -52,23 +53,34 @@ class ProcessSettings {
   struct sigaction sigint_ {};
 };
 
-// Per-sample losses of the current optimizer step, for the top-k forensics of a pause.
+// The current optimizer step's samples (one entry per micro-batch): for the screen's quarantine
+// records, the top-k forensics of a pause and the data statistics.
 struct StepSamples {
-  std::vector<torch::Tensor> ids, losses, tokens;  // one entry per micro-batch
-  void clear() {
-    ids.clear();
-    losses.clear();
-    tokens.clear();
-  }
+  std::vector<torch::Tensor> ids, losses, tokens;   // (B) int64, (B) fp32, (B, T+1) int64
+  std::vector<torch::Tensor> keep;                  // (B) fp32 1/0 (screening only)
+  std::vector<torch::Tensor> doc_lengths, buckets;  // (B) int64 (shards only)
+  void clear() { *this = StepSamples(); }
 };
 
 // What one step's backward pass produced, measured, up to the guard's decision.
 struct StepResult {
-  torch::Tensor loss;                      // () mean cross-entropy over the step's micro-batches
+  torch::Tensor loss;                      // () mean cross-entropy over the step's kept samples
   std::optional<torch::Tensor> found_inf;  // fp16: the scaler's overflow flag (device)
   torch::Tensor param_norms;               // (P) per-parameter gradient L2 norms
   torch::Tensor grad_norm;                 // () global L2 norm, before clipping
   double clip_bound = 0.0;                 // the bound clipping applies this step
+  // Screening: the threshold the step was screened with, and () samples / kept samples, by which
+  // the gradients (a sum over kept samples of 1/samples each) are scaled to a mean over the kept.
+  std::optional<double> screen_threshold;
+  torch::Tensor grad_scale;
+};
+
+// The host's copy of one step's per-sample values, read with the guard's signals.
+struct HostSamples {
+  std::vector<int64_t> ids;
+  std::vector<double> losses;
+  std::vector<bool> kept;
+  int64_t masked = 0;
 };
 
 // The guard's decision on a step, with the signals it was taken on (for events and forensics).
@@ -84,26 +96,42 @@ struct LogWindow {
   double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
   int64_t steps = 0;     // applied updates
   int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
+  int64_t skipped = 0;   // step attempts that applied nothing
+  int64_t masked = 0;    // samples the screen masked
   Clock::time_point start = Clock::now();
   void reset() { *this = LogWindow(); }
 };
 
 struct Trainer::State {
   State(const config::Config& c, std::string yaml, TrainOptions o, dist::Communicator& cm)
-      : cfg(c), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
+      : cfg(resolved_config(c)), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
+  // The config with its `auto` keys resolved (the data's vocabulary read from the shards).
+  static config::Config resolved_config(const config::Config& c);
 
   // ---- setup and the step (trainer.cpp)
   void setup();
   void train_step();
   bool is_log_step() const;
-  torch::Tensor forward_backward(bool keep_samples);
-  StepResult measure(torch::Tensor loss);
+  torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
+  StepResult measure(torch::Tensor loss, std::optional<double> screen_threshold);
   double clip_bound() const;
   Verdict decide(const StepResult& r, double lr);
   void reject(const Verdict& v, const StepResult& r);
   std::vector<double> apply_update(const StepResult& r, double lr, bool log_step);
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
+  nlohmann::json data_statistics() const;
+  // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
+  // decision's screen events.
+  void quarantine_screened(guard::Decision& d);
+  // One quarantine.jsonl record: the sample, why, and where it is in the data.
+  void quarantine(int64_t id, const std::string& reason, std::optional<double> loss,
+                  nlohmann::json extra = nlohmann::json::object());
+  // checkpoint.every_steps: auto, decided once the run has measured a save and some steps.
+  void decide_checkpoint_cadence();
   double evaluate();
+  // The model's mean loss on the reference batch (no gradient): the measure that tells a broken
+  // model from bad data when the guard alarms.
+  double probe_loss();
   void event(const std::string& kind, const nlohmann::json& detail = nlohmann::json::object());
   void record_events(const guard::Decision& d);
   [[noreturn]] void stop(const guard::Decision& d);
@@ -129,6 +157,8 @@ struct Trainer::State {
   // ---- pause and rollback (recovery.cpp)
   void pause_and_rollback(const Verdict& v);
   void write_forensics(const nlohmann::json& signals);
+  // A step the guard dropped within an incident: its kept samples set aside.
+  void drop_step(const Verdict& v);
 
   // Configuration and collaborators.
   config::Config cfg;
@@ -152,6 +182,10 @@ struct Trainer::State {
   std::unique_ptr<data::BatchSource> train_data;
   std::unique_ptr<data::BatchSource> val_data;  // built once, rewound for every evaluation
   nlohmann::json val_start;                     // val_data's state before its first batch
+  // The reference batch: the first sequences of the validation data, and the model's loss on it
+  // when the newest stable snapshot was taken (NaN before there is one).
+  torch::Tensor probe_tokens;  // (P, T+1) int64
+  double probe_reference = std::numeric_limits<double>::quiet_NaN();
   std::optional<double> loss_floor;
   std::unique_ptr<FaultInjector> faults;
   int64_t samples_per_step = 0;
@@ -165,13 +199,33 @@ struct Trainer::State {
   RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
   std::unique_ptr<monitor::Progress> progress;
   StepSamples step_samples;
+  HostSamples host_samples;  // this step's, read in decide()
+  // Samples on record in quarantine.jsonl since the newest stable snapshot: a rollback re-reads
+  // the data from that snapshot and must not record a sample twice.
+  std::unordered_set<int64_t> quarantined_since_stable;
+  std::vector<double> last_layer_grad_norms;  // this step's, read in decide()
   LogWindow window;
+
+  // Checkpoint cadence (steps; 0 = none): from the config, or measured (checkpoint.every_steps:
+  // auto) at step kCadenceProbeStep, timing the steps since kCadenceStartStep.
+  int64_t checkpoint_every = 0;
+  int64_t stable_every = 0;
+  int64_t stable_window = 0;  // steps before a stable candidate that must be free of alarms
+  bool cadence_decided = false;
+  Clock::time_point cadence_start;
+  int64_t cadence_attempts = 0;        // step attempts this process made before deciding
+  std::optional<double> save_stall_s;  // the newest save's stall in this process
 
   TrainCounters counters;
   int64_t last_checkpoint_step = -1;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
 };
+
+// checkpoint.every_steps: auto times this process's step attempts from the kCadenceStartStep-th
+// (caches and allocators warm) to the kCadenceProbeStep-th, when it decides.
+inline constexpr int64_t kCadenceStartStep = 2;
+inline constexpr int64_t kCadenceProbeStep = 12;
 
 // Set by the SIGTERM/SIGINT handler; the loop checks it between steps.
 extern std::atomic<int> g_stop_signal;

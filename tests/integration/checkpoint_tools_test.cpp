@@ -29,7 +29,7 @@ double parse_number(const std::string& text, const std::string& pattern) {
 }
 
 TEST(ValidateIntegration, CheckpointSizeEstimateMatchesARealCheckpoint) {
-  TempDir dir("ckpt_estimate");
+  ScratchDir dir("ckpt_estimate");
   const fs::path run_dir = dir.path() / "run";
   auto r = run_keel("train --run-dir " + run_dir.string() +
                     " --set run.max_steps=2 --set checkpoint.every_steps=2" + kShortRun);
@@ -57,7 +57,7 @@ TEST(ValidateIntegration, CheckpointSizeEstimateMatchesARealCheckpoint) {
 }
 
 TEST(ValidateIntegration, FrequentSynchronousCheckpointsWarnWithTheKeyLocation) {
-  TempDir dir("ckpt_share");
+  ScratchDir dir("ckpt_share");
   // A measured step of 0.1 ms against a multi-megabyte synchronous write every step: the save
   // dominates, and validate says so at the key, still exiting 0 (a warning, not an error).
   auto v = run_keel("validate --set run.out_dir=" + dir.str() +
@@ -84,7 +84,7 @@ TEST(ValidateIntegration, FrequentSynchronousCheckpointsWarnWithTheKeyLocation) 
 }
 
 TEST(InspectIntegration, ReportsStepAndVerificationAndNamesACorruptFile) {
-  TempDir dir("inspect");
+  ScratchDir dir("inspect");
   auto r = run_keel("train --run-dir " + dir.str() +
                     " --set run.max_steps=4 --set checkpoint.every_steps=2" + kShortRun);
   ASSERT_EQ(r.exit_code, 0) << r.output;

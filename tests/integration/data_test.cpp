@@ -12,7 +12,7 @@ namespace keel::testing {
 namespace {
 
 TEST(PrepareCommand, WritesVerifiedShardsAndAReport) {
-  data::testing::ScratchDir dir("prepare_cli");
+  ScratchDir dir("prepare_cli");
   std::mt19937_64 rng(5);
   std::filesystem::create_directories(dir / "in");
   std::vector<std::vector<std::string>> bases;
@@ -47,7 +47,7 @@ TEST(PrepareCommand, WritesVerifiedShardsAndAReport) {
 }
 
 TEST(PrepareCommand, WrongInputExitsTwoWithAMessage) {
-  data::testing::ScratchDir dir("prepare_cli_bad");
+  ScratchDir dir("prepare_cli_bad");
   auto r = run_keel("prepare --input " + dir.str() + "/missing --output " + dir.str() + "/out");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("missing"), std::string::npos) << r.output;
@@ -65,7 +65,7 @@ TEST(PrepareCommand, WrongInputExitsTwoWithAMessage) {
 TEST(PrepareCommand, PreparesTheFortunesCorpus) {
   const std::string fortunes = "/usr/share/games/fortunes";
   if (!std::filesystem::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
-  data::testing::ScratchDir dir("prepare_fortunes");
+  ScratchDir dir("prepare_fortunes");
   auto r =
       run_keel("prepare --input " + fortunes + " --output " + dir.str() +
                " --separator % --cluster source --seq-len 256 --val-fraction 0.05 --threads 2");

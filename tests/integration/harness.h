@@ -1,4 +1,4 @@
-// Runs the real keel binary and reads what it leaves in a run directory.
+// Runs the real keel binary and reads what it leaves in a run directory (a ScratchDir).
 #pragma once
 
 #include <sys/wait.h>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
+#include "scratch_dir.h"
 
 namespace keel::testing {
 
@@ -41,28 +42,6 @@ inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path)
     if (!line.empty()) records.push_back(nlohmann::json::parse(line));
   return records;
 }
-
-// A fresh, empty directory under the system temp dir, removed by the destructor.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("keel_test_" + name + "_" + std::to_string(::getpid()))) {
-    remove();
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { remove(); }
-  const std::filesystem::path& path() const { return path_; }
-  // Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (file_io.h).
-  void remove() const {
-    std::error_code ec;
-    checkpoint::remove_tree(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // Overrides that make the embedded tiny config a run of seconds: every step logged, no periodic
 // eval, a short warmup, one thread, deterministic, a smaller model.

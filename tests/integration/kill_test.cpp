@@ -13,7 +13,7 @@ namespace keel::testing {
 namespace {
 
 TEST(KillIntegration, TwentyKillsNeverLoseACheckpoint) {
-  TempDir d("kill9");
+  ScratchDir d("kill9");
   const std::string args =
       "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
       " --resume latest --set run.max_steps=100000 --set logging.progress=off"

@@ -29,7 +29,7 @@ TEST(ProductionConfig, LockedKeyOverrideIsRefusedNamingTheKey) {
             std::string::npos)
       << v.output;
 
-  TempDir dir("production_lock");
+  ScratchDir dir("production_lock");
   auto t = run_keel("train " + kProduction + " --run-dir " + dir.str() + " --set optim.lr=1e-3");
   EXPECT_EQ(t.exit_code, 2) << t.output;
   EXPECT_NE(t.output.find("optim.lr: is locked"), std::string::npos) << t.output;

@@ -24,7 +24,8 @@ std::string tiny() { return "train " + source_path("configs/tiny.yaml") + kShort
 using GuardEvent = std::tuple<std::string, int64_t, std::string>;
 std::set<GuardEvent> guard_events(const std::filesystem::path& run_dir) {
   static const std::set<std::string> kGuardKinds = {
-      "warn", "pause", "skip_nan", "rollback", "recovery_start", "recovery_end", "abort"};
+      "warn",     "screen",         "pause",        "skip_nan",     "overflow",
+      "rollback", "recovery_start", "recovery_end", "incident_end", "abort"};
   std::set<GuardEvent> out;
   for (auto& e : read_jsonl(run_dir / "events.jsonl")) {
     const auto kind = e["kind"].get<std::string>();
@@ -49,7 +50,7 @@ std::map<int64_t, double> lr_by_step(const std::filesystem::path& run_dir) {
 // added, followed by --resume latest; the guard's events and the learning rates must be the same.
 void expect_resume_matches(const std::string& args, const std::string& faults,
                            int crash_iteration) {
-  TempDir a("record_resume_a"), b("record_resume_b");
+  ScratchDir a("record_resume_a"), b("record_resume_b");
   const std::string sep = faults.empty() ? "" : ", ";
   auto ra = run_keel(args + " --set 'faults=[" + faults + "]' --run-dir " + a.str());
   ASSERT_EQ(ra.exit_code, 0) << ra.output;
@@ -73,38 +74,44 @@ TEST(RecordIntegration, ResumeInsideAWarnWindowGivesTheSameEvents) {
                         "", /*crash_iteration=*/28);
 }
 
-// A corrupt window at step 45 rolls back to the stable snapshot at 40; recovery runs to step 50.
-// The checkpoint at step 45 of the new lineage is inside recovery, and so is the kill.
+// A 100x lr on step 44's update breaks the model; the alarm at 45 rolls back to the stable
+// snapshot at 40; recovery runs to step 50. The checkpoint at step 45 of the new lineage is inside
+// recovery, and so is the kill.
 TEST(RecordIntegration, ResumeInsideRecoveryGivesTheSameEventsAndLr) {
   expect_resume_matches(tiny() +
                             " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
                             " --set run.max_steps=56 --set checkpoint.stable.every_steps=10"
                             " --set checkpoint.every_steps=5 --set checkpoint.stable.window=5"
-                            " --set stability.median_window=20 --set stability.recovery.steps=10",
-                        "{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: 1}",
+                            " --set stability.median_window=20 --set stability.recovery.steps=10"
+                            " --set stability.screen.enabled=false",
+                        "{kind: lr_spike, factor: 100, at_step: 44, steps: 1}",
                         /*crash_iteration=*/53);
 }
 
-// Past max_rollbacks the run stops with exit 3, and events.jsonl ends with the abort and why.
-TEST(RecordIntegration, TooManyRollbacksEndTheRecordWithTheAbort) {
-  TempDir d("record_abort");
+// A stuck run (garbage on a healthy model: each alarming step dropped, three attempts in a row
+// without an update) stops with exit 3, and events.jsonl ends with the abort and why.
+TEST(RecordIntegration, AStuckRunEndsTheRecordWithTheAbort) {
+  ScratchDir d("record_abort");
   auto r = run_keel(tiny() +
                     " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
                     " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
                     " --set stability.median_window=20 --set stability.rollback.max_rollbacks=1"
+                    " --set stability.rollback.stuck_steps=3 --set stability.screen.enabled=false"
                     " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, "
-                    "steps: 4}]' --run-dir " +
+                    "steps: 6}]' --run-dir " +
                     d.str());
   ASSERT_EQ(r.exit_code, 3) << r.output;
   auto events = read_jsonl(d.path() / "events.jsonl");
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back()["kind"], "abort") << events.back().dump();
-  EXPECT_EQ(events.back()["detail"]["reason"], "max_rollbacks");
-  EXPECT_EQ(events.back()["detail"]["incidents"].size(), 2u);
+  EXPECT_EQ(events.back()["detail"]["reason"], "stuck");
+  ASSERT_EQ(events.back()["detail"]["incidents"].size(), 1u);
+  EXPECT_EQ(events.back()["detail"]["incidents"][0]["rollbacks"], 0);
+  EXPECT_EQ(events.back()["detail"]["incidents"][0]["skipped_steps"], 3);
 }
 
 TEST(RecordIntegration, NanPolicyAbortEndsTheRecordWithTheAbort) {
-  TempDir d("record_nan_abort");
+  ScratchDir d("record_nan_abort");
   auto r = run_keel(tiny() +
                     " --set run.max_steps=20 --set stability.nan_policy=abort"
                     " --set 'faults=[{kind: nan_grad, at_step: 12}]' --run-dir " +
@@ -120,7 +127,7 @@ TEST(RecordIntegration, NanPolicyAbortEndsTheRecordWithTheAbort) {
 // In adaptive mode the bound is the z-score bound, far below grad_clip here: `clipped` must say
 // whether that bound clipped, and the bound is on record.
 TEST(RecordIntegration, AdaptiveClippingRecordsTheBoundItApplied) {
-  TempDir d("record_adaptive");
+  ScratchDir d("record_adaptive");
   auto r = run_keel(tiny() +
                     " --set run.max_steps=40 --set optim.clip_mode=adaptive"
                     " --set optim.grad_clip=100 --set optim.adaptive_clip_z=0.5 --run-dir " +
@@ -140,7 +147,7 @@ TEST(RecordIntegration, AdaptiveClippingRecordsTheBoundItApplied) {
 // elsewhere. The run must stop (exit 3) naming the file and the cause, write a last checkpoint,
 // and leave every checkpoint verifiable.
 TEST(RecordIntegration, FullDiskForTheRecordStopsTheRunAndKeepsCheckpoints) {
-  TempDir run("record_full_disk"), ckpt("record_full_disk_ckpt");
+  ScratchDir run("record_full_disk"), ckpt("record_full_disk_ckpt");
   if (::mount("tmpfs", run.path().c_str(), "tmpfs", 0, "size=96k") != 0)
     GTEST_SKIP() << "cannot mount a small tmpfs here (needs root): " << std::strerror(errno);
   struct Unmount {

@@ -27,7 +27,7 @@ std::vector<std::string> event_kinds(const std::filesystem::path& run_dir,
   for (auto& e : read_jsonl(run_dir / "events.jsonl")) {
     auto k = e["kind"].get<std::string>();
     if (skip_checkpoints && (k == "checkpoint" || k == "stable_snapshot" || k == "run_start" ||
-                             k == "run_end" || k == "resume"))
+                             k == "run_end" || k == "resume" || k == "checkpoint_cadence"))
       continue;
     // Advisory warnings (update ratio, clip rate, drift) carry a "signal"; alarms do not.
     if (skip_checkpoints && k == "warn" && e["detail"].contains("signal")) continue;
@@ -39,7 +39,7 @@ std::vector<std::string> event_kinds(const std::filesystem::path& run_dir,
 // 2N steps straight, and N steps + a kill -9 + resume + N steps, give the same losses bit for bit
 // and the same final weights.
 TEST(ResumeIntegration, KilledAndResumedRunIsBitExact) {
-  TempDir a("resume_a"), b("resume_b");
+  ScratchDir a("resume_a"), b("resume_b");
   const std::string base = "train " + source_path("configs/tiny.yaml") + kShort +
                            " --set run.max_steps=12 --set checkpoint.every_steps=6";
   auto ra = run_keel(base + " --run-dir " + a.str());
@@ -67,7 +67,7 @@ TEST(ResumeIntegration, KilledAndResumedRunIsBitExact) {
 }
 
 TEST(ResumeIntegration, ResumeLatestWithoutCheckpointStartsFresh) {
-  TempDir d("resume_fresh");
+  ScratchDir d("resume_fresh");
   auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
                     " --set run.max_steps=3 --resume latest --run-dir " + d.str());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -75,7 +75,7 @@ TEST(ResumeIntegration, ResumeLatestWithoutCheckpointStartsFresh) {
 }
 
 TEST(ResumeIntegration, ChangedModelShapeIsRefused) {
-  TempDir d("resume_shape");
+  ScratchDir d("resume_shape");
   const std::string base =
       "train " + source_path("configs/tiny.yaml") + kShort + " --run-dir " + d.str();
   ASSERT_EQ(run_keel(base + " --set run.max_steps=3").exit_code, 0);
@@ -85,7 +85,7 @@ TEST(ResumeIntegration, ChangedModelShapeIsRefused) {
 }
 
 TEST(ResumeIntegration, CorruptNewestCheckpointFallsBack) {
-  TempDir d("resume_corrupt");
+  ScratchDir d("resume_corrupt");
   const std::string base = "train " + source_path("configs/tiny.yaml") + kShort +
                            " --set checkpoint.every_steps=2 --run-dir " + d.str();
   ASSERT_EQ(run_keel(base + " --set run.max_steps=4").exit_code, 0);
@@ -108,7 +108,7 @@ TEST(ResumeIntegration, CorruptNewestCheckpointFallsBack) {
 
 // A NaN gradient is skipped: the run goes on, the step counter does not advance for it.
 TEST(GuardIntegration, NanGradientIsSkipped) {
-  TempDir d("guard_nan");
+  ScratchDir d("guard_nan");
   auto r = run_keel("train " + source_path("configs/tiny.yaml") + kShort +
                     " --set run.max_steps=20 --set 'faults=[{kind: nan_grad, at_step: 12}]'"
                     " --run-dir " +
@@ -121,38 +121,49 @@ TEST(GuardIntegration, NanGradientIsSkipped) {
   for (auto& m : metrics) EXPECT_FALSE(m["loss"].is_null());
 }
 
-// The tiny model trained for 45 steps, stable snapshots every 10, then `steps` batches of random
-// tokens: garbage data whose loss is far above the running median.
-std::string corrupt_batch_run(const TempDir& dir, int corrupt_steps, const std::string& extra) {
+// The tiny model trained for 60 steps with stable snapshots every 10 and `faults`. The screen is
+// off, so that the alarms meet garbage data (as they do whatever the screen lets through).
+std::string guard_run(const ScratchDir& dir, const std::string& faults, const std::string& extra) {
   return "train " + source_path("configs/tiny.yaml") + kShort +
          " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
          " --set run.max_steps=60 --set checkpoint.stable.every_steps=10"
-         " --set stability.median_window=20"
-         " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: " +
-         std::to_string(corrupt_steps) + "}]' --run-dir " + dir.str() + " " + extra;
+         " --set stability.median_window=20 --set stability.screen.enabled=false"
+         " --set 'faults=[" +
+         faults + "]' --run-dir " + dir.str() + " " + extra;
 }
 
-// A window of garbage data trips the loss alarm: pause, forensics, rollback to the stable
-// snapshot, recovery at a quarter of the lr, and the run still finishes.
-TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
-  TempDir d("guard_corrupt");
-  auto r = run_keel(
-      corrupt_batch_run(d, 1, "--set checkpoint.stable.window=5 --set stability.recovery.steps=5"));
+// `steps` batches of random tokens from step 45: garbage whose loss is far above the median.
+std::string corrupt_batch_run(const ScratchDir& dir, int corrupt_steps, const std::string& extra) {
+  return guard_run(dir,
+                   "{kind: corrupt_batch, mode: random_tokens, at_step: 45, steps: " +
+                       std::to_string(corrupt_steps) + "}",
+                   extra);
+}
+
+// A 100x lr on the update of step 44 breaks the model: the alarm at step 45 finds it worse than
+// the stable snapshot on the reference batch, so it pauses, writes forensics, rolls back to the
+// snapshot, recovers at a quarter of the lr, and the run still finishes.
+TEST(GuardIntegration, ABrokenModelRollsBackToStable) {
+  ScratchDir d("guard_rollback");
+  auto r = run_keel(guard_run(d, "{kind: lr_spike, factor: 100, at_step: 44, steps: 1}",
+                              "--set checkpoint.stable.window=5 --set stability.recovery.steps=5"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto kinds = event_kinds(d.path());
-  EXPECT_EQ(kinds.back(), "recovery_end");
+  EXPECT_EQ(kinds.back(), "incident_end");  // the run re-earned its ground after recovering
   auto pos = [&](const std::string& k) {
     return std::find(kinds.begin(), kinds.end(), k) - kinds.begin();
   };
   EXPECT_LT(pos("pause"), pos("rollback"));
   EXPECT_LT(pos("rollback"), pos("recovery_start"));
   EXPECT_LT(pos("recovery_start"), pos("recovery_end"));
-  for (auto& e : read_jsonl(d.path() / "events.jsonl"))
+  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+    if (e["kind"] == "pause") EXPECT_EQ(e["detail"]["diagnosis"], "model") << e.dump();
     if (e["kind"] == "rollback") {
       EXPECT_EQ(e["detail"]["to_step"].get<int64_t>(), 40);
       // Steps 41..46 were taken since the stable snapshot; their data is never trained on again.
       EXPECT_EQ(e["detail"]["quarantine"]["samples"].get<int64_t>(), 6 * 16);
     }
+  }
   // Every quarantined sample is on record, the paused step's own with the loss it measured.
   auto quarantine = read_jsonl(d.path() / "quarantine.jsonl");
   EXPECT_EQ(quarantine.size(), 6u * 16u);
@@ -170,11 +181,38 @@ TEST(GuardIntegration, CorruptBatchRollsBackToStable) {
   EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"].get<int64_t>(), 60);
 }
 
-TEST(GuardIntegration, TooManyRollbacksStopWithExitThree) {
-  TempDir d("guard_max");
-  auto r = run_keel(corrupt_batch_run(d, 4, "--set stability.rollback.max_rollbacks=1"));
+// Garbage data with a healthy model: the alarm finds the model no worse than the stable snapshot,
+// so the step is dropped and its samples set aside; nothing rolls back.
+TEST(GuardIntegration, BadDataWithAHealthyModelIsDroppedNotRolledBack) {
+  ScratchDir d("guard_corrupt");
+  auto r = run_keel(corrupt_batch_run(d, 1, ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int pauses = 0;
+  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+    EXPECT_NE(e["kind"], "rollback") << e.dump();
+    if (e["kind"] != "pause") continue;
+    ++pauses;
+    EXPECT_EQ(e["detail"]["diagnosis"], "data") << e.dump();
+    EXPECT_EQ(e["detail"]["skipped"], true) << e.dump();
+  }
+  EXPECT_EQ(pauses, 1);
+  auto quarantine = read_jsonl(d.path() / "quarantine.jsonl");
+  ASSERT_EQ(quarantine.size(), 16u);  // the step's micro-batch, each with its loss
+  for (auto& q : quarantine) {
+    EXPECT_EQ(q["reason"], "alarm");
+    EXPECT_TRUE(q.contains("loss"));
+  }
+  EXPECT_TRUE(std::filesystem::exists(d.path() / "forensics/step_00000045/samples.json"));
+  EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"].get<int64_t>(), 60);
+}
+
+// Every alarming step dropped, three attempts in a row without an update: with stuck_steps 3,
+// the run that keeps meeting garbage stops, exit 3, saying why.
+TEST(GuardIntegration, AStuckRunStopsWithExitThree) {
+  ScratchDir d("guard_max");
+  auto r = run_keel(corrupt_batch_run(d, 6, "--set stability.rollback.stuck_steps=3"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("max_rollbacks=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stuck_steps=3"), std::string::npos) << r.output;
 }
 
 }  // namespace

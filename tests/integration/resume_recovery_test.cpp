@@ -17,7 +17,7 @@ const std::string kRun = kQuickRun +
                          " --set checkpoint.stable.window=3 --set stability.recovery.steps=10"
                          " --set logging.sample_ids=true --set run.max_steps=60";
 
-std::string train(const TempDir& d) {
+std::string train(const ScratchDir& d) {
   return "train " + source_path("configs/tiny.yaml") + kRun + " --run-dir " + d.str();
 }
 
@@ -37,13 +37,13 @@ std::map<int64_t, std::vector<int64_t>> ids_by_step(const std::filesystem::path&
 
 // The first run stops at step 47 (as a run that went wrong after its stable snapshot at 40); its
 // end writes step_47, the newest checkpoint.
-void first_part(const TempDir& d) {
+void first_part(const ScratchDir& d) {
   auto r = run_keel(train(d) + " --set run.max_steps=47");
   ASSERT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(ResumeRecovery, ResumeStableRecoversAtAQuarterOfTheLr) {
-  TempDir straight("recovery_straight"), d("recovery_stable");
+  ScratchDir straight("recovery_straight"), d("recovery_stable");
   ASSERT_EQ(run_keel(train(straight)).exit_code, 0);
   first_part(d);
   auto r = run_keel(train(d) + " --resume stable");
@@ -72,7 +72,7 @@ TEST(ResumeRecovery, ResumeStableRecoversAtAQuarterOfTheLr) {
 }
 
 TEST(ResumeRecovery, SkipSetsTheWindowAsideAndReplayTrainsOnItAgain) {
-  TempDir skip("recovery_skip"), replay("recovery_replay");
+  ScratchDir skip("recovery_skip"), replay("recovery_replay");
   first_part(skip);
   first_part(replay);
   const auto before = ids_by_step(skip.path());  // the first timeline's steps 1..47
@@ -103,7 +103,7 @@ TEST(ResumeRecovery, SkipSetsTheWindowAsideAndReplayTrainsOnItAgain) {
 }
 
 TEST(ResumeRecovery, TheAbandonedTimelineIsKeptAsideAndVerifies) {
-  TempDir d("recovery_abandoned");
+  ScratchDir d("recovery_abandoned");
   first_part(d);
   ASSERT_EQ(run_keel(train(d) + " --resume stable").exit_code, 0);
   auto start = event(d.path(), "recovery_start");
@@ -128,7 +128,7 @@ TEST(ResumeRecovery, TheAbandonedTimelineIsKeptAsideAndVerifies) {
 // Under a restart loop, a crash at a fixed iteration kills the run twice from the same checkpoint;
 // the third start falls back to the stable snapshot as a recovery and finishes.
 TEST(ResumeRecovery, CrashLoopFallsBackToStable) {
-  TempDir d("recovery_crash_loop");
+  ScratchDir d("recovery_crash_loop");
   const std::string args =
       train(d) + " --resume latest --set 'faults=[{kind: crash, at_step: 27}]'";
   EXPECT_EQ(run_keel(args).exit_code, 128 + 9);

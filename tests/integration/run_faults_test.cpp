@@ -32,7 +32,7 @@ class ShardRunTest : public ::testing::Test {
            " --set schedule.warmup_steps=2 " +
            extra;
   }
-  TempDir dir_{"shard_run"};
+  ScratchDir dir_{"shard_run"};
 };
 
 TEST_F(ShardRunTest, TrainsOnPreparedShards) {
@@ -102,7 +102,7 @@ TEST_F(ShardRunTest, CorruptShardExitsTwoNamingTheFile) {
 
 // A scheduler's SIGTERM: the step finishes, a checkpoint is written, exit 143; resume completes.
 TEST(PreemptionIntegration, SigtermCheckpointsAndResumes) {
-  TempDir d("sigterm");
+  ScratchDir d("sigterm");
   const std::string args =
       "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
       " --set run.max_steps=100000 --set logging.progress=off"

@@ -10,7 +10,7 @@ namespace {
 
 // A short run of the tiny config: the loss falls, and the run directory holds the contract files.
 TEST(TrainIntegration, TinyRunLearnsAndWritesRunFiles) {
-  TempDir dir("train");
+  ScratchDir dir("train");
   auto r = run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
                     " --set run.max_steps=60 --set eval.every_steps=30 --set eval.batches=2"
                     " --set logging.every_steps=5 --set schedule.warmup_steps=10"
@@ -44,7 +44,7 @@ TEST(TrainIntegration, TinyRunLearnsAndWritesRunFiles) {
 }
 
 TEST(TrainIntegration, GradientAccumulationKeepsSampleAccounting) {
-  TempDir dir("accum");
+  ScratchDir dir("accum");
   auto r =
       run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
                " --set run.max_steps=4 --set data.micro_batch_size=4"
@@ -62,7 +62,7 @@ TEST(TrainIntegration, GradientAccumulationKeepsSampleAccounting) {
 TEST(TrainIntegration, HostAllocatorDoesNotChangeTheRun) {
   std::vector<std::vector<nlohmann::json>> runs;
   for (auto allocator : {"caching", "system"}) {
-    TempDir dir(std::string("alloc-") + allocator);
+    ScratchDir dir(std::string("alloc-") + allocator);
     auto r = run_keel("train " + source_path("configs/tiny.yaml") + " --run-dir " + dir.str() +
                       " --set run.max_steps=6 --set eval.batches=1 --set logging.every_steps=1"
                       " --set schedule.warmup_steps=1 --set logging.progress=off"
@@ -90,7 +90,7 @@ TEST(ValidateIntegration, ShippedConfigsAreValid) {
 }
 
 TEST(ValidateIntegration, ThreePlantedErrorsGiveThreeLocatedErrors) {
-  TempDir dir("validate");
+  ScratchDir dir("validate");
   auto path = dir.path() / "bad.yaml";
   write_file(path,
              "run:\n"

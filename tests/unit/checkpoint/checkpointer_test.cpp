@@ -12,16 +12,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/tensor_file.h"
 #include "common/error.h"
+#include "scratch_dir.h"
 
 namespace keel::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using keel::testing::ScratchDir;
 
 // Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (see file_io.h).
 void rm_rf(const fs::path& p) {
@@ -105,13 +108,12 @@ pid_t dead_pid() {
 class CheckpointerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("keel_ckpt_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    rm_rf(root_);
+    scratch_.emplace(std::string("ckpt_") +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = scratch_->path();
     dir_ = root_ / "checkpoints";
   }
-  void TearDown() override { rm_rf(root_); }
+  void TearDown() override { scratch_.reset(); }
 
   std::unique_ptr<Checkpointer> make(config::CheckpointConfig cfg = {}, fs::path dir = {}) {
     return std::make_unique<Checkpointer>(dir.empty() ? dir_ : dir, cfg, 0, 1, "0.1.0-test",
@@ -119,6 +121,7 @@ class CheckpointerTest : public ::testing::Test {
   }
   std::string pointer(const char* name) { return slurp(dir_ / name); }
 
+  std::optional<ScratchDir> scratch_;
   fs::path root_, dir_;
 };
 

@@ -3,36 +3,30 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "common/error.h"
+#include "scratch_dir.h"
 
 namespace keel::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Not std::filesystem::remove_all: it resolves to libtorch.so's copy and crashes (see file_io.h).
-void rm_rf(const fs::path& p) {
-  std::error_code ec;
-  remove_tree(p, ec);
-}
+using keel::testing::ScratchDir;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("keel_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    rm_rf(dir_);
-    fs::create_directories(dir_);
+    scratch_.emplace(std::string("st_") +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = scratch_->path();
   }
-  void TearDown() override { rm_rf(dir_); }
+  void TearDown() override { scratch_.reset(); }
 
   void write_bytes(const fs::path& p, const std::string& bytes) {
     std::ofstream(p, std::ios::binary)
@@ -51,6 +45,7 @@ class SafetensorsTest : public ::testing::Test {
     return "";
   }
 
+  std::optional<ScratchDir> scratch_;
   fs::path dir_;
 };
 

@@ -6,13 +6,15 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
+#include "scratch_dir.h"
 
 namespace keel::config {
 namespace {
+
+using keel::testing::ScratchDir;
 
 LoadedConfig load(const std::string& text, const std::vector<std::string>& overrides = {}) {
   return load_config_from_string(text, "test.yaml", overrides);
@@ -66,7 +68,7 @@ TEST(ConfigLoad, ReadsEveryKindOfFieldAndRemembersWhere) {
   ASSERT_EQ(c.production.validated.size(), 1u);
   EXPECT_EQ(c.production.validated[0].global_batch, (std::vector<double>{8, 64}));
   ASSERT_EQ(c.faults.size(), 1u);
-  EXPECT_EQ(c.faults[0].kind, "nan_grad");
+  EXPECT_EQ(c.faults[0].kind, FaultKind::kNanGrad);
   EXPECT_EQ(c.faults[0].at_step, 7);
   EXPECT_EQ(c.faults[0].steps, FaultSpec{}.steps);
 
@@ -105,7 +107,8 @@ TEST(ConfigLoad, TypeErrorsNameTheExpectedTypeAndPointAtTheValue) {
   const std::vector<TypeErrorCase> cases = {
       {"optim:\n  lr: abc\n", "optim.lr", 2, 7, "must be a number (got 'abc')"},
       {"optim:\n  lr: \"3e-4\"\n", "optim.lr", 2, 7, "must be a number (got the quoted string"},
-      {"schedule:\n  warmup_steps: 100.5\n", "schedule.warmup_steps", 2, 17, "must be an integer"},
+      {"schedule:\n  warmup_steps: 100.5\n", "schedule.warmup_steps", 2, 17,
+       "must be auto or an integer"},
       {"model:\n  d_model: big\n", "model.d_model", 2, 12, "must be an integer (got 'big')"},
       {"run:\n  deterministic: abc\n", "run.deterministic", 2, 18, "must be true or false"},
       {"run:\n  name: [a, b]\n", "run.name", 2, 9, "must be a string (got a list)"},
@@ -215,16 +218,16 @@ TEST(ConfigLoad, UnreadableFileThrows) {
 }
 
 TEST(ConfigLoad, LoadsAFileAndNamesItInLocations) {
-  const std::string path = testing::TempDir() + "/keel_config_load_test.yaml";
+  const ScratchDir dir("config_load");
+  const std::string path = dir / "config.yaml";
   {
     std::ofstream file(path);
     file << "model:\n  arch: gpt2\n  d_model: 64\n";
   }
   const LoadedConfig loaded = load_config(path, {"model.n_layers=3"});
-  std::filesystem::remove(path);
   EXPECT_TRUE(loaded.diagnostics.empty());
   EXPECT_EQ(loaded.path, path);
-  EXPECT_EQ(loaded.config.model.arch, "gpt2");
+  EXPECT_EQ(loaded.config.model.arch, Arch::kGpt2);
   EXPECT_EQ(loaded.config.model.n_layers, 3);
   EXPECT_EQ(loaded.where("model.d_model").file, path);
   EXPECT_EQ(loaded.where("model.d_model").line, 3);
@@ -266,7 +269,7 @@ TEST(ConfigOverride, SetsTheFaultsListWholesale) {
            {"faults=[{kind: nan_grad, at_step: 5}]"});
   ASSERT_TRUE(loaded.diagnostics.empty()) << loaded.diagnostics[0].format();
   ASSERT_EQ(loaded.config.faults.size(), 1u);
-  EXPECT_EQ(loaded.config.faults[0].kind, "nan_grad");
+  EXPECT_EQ(loaded.config.faults[0].kind, FaultKind::kNanGrad);
   EXPECT_EQ(loaded.config.faults[0].at_step, 5);
   EXPECT_EQ(loaded.where("faults[1].kind").file, "--set");  // the old second item is gone
 }
@@ -399,7 +402,7 @@ Config unusual_config() {
   c.run.seed = -42;
   c.run.max_steps = 9'000'000'000;
   c.run.deterministic = true;
-  c.model.arch = "gpt2";
+  c.model.arch = Arch::kGpt2;
   c.model.dropout = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.model.init_std = 5e-324;
   c.model.z_loss = 1e-300;
@@ -411,7 +414,8 @@ Config unusual_config() {
   c.checkpoint.dir = "~";
   c.production.locked_keys = {"optim.*", "yes", "null"};
   c.production.validated = {{{1e-4, 6e-4}, {32, 128}}, {{0.1}, {}}};
-  c.faults = {{"corrupt_batch", 10, 2, "shuffled", 0.5, 0.0}, {"loader_stall", 3, 1, "", 1.0, 2.5}};
+  c.faults = {{FaultKind::kCorruptBatch, 10, 2, CorruptMode::kShuffled, 0.5, 0.0},
+              {FaultKind::kLoaderStall, 3, 1, {}, 1.0, 2.5}};
   return c;
 }
 
@@ -425,6 +429,33 @@ TEST(ConfigYaml, RoundTripsExactly) {
   }
 }
 
+// `auto` is a value of its own for the keys that take it; it reads back as kAuto and is written
+// as `auto`. -1 (kAuto's representation) is not a number a user can write.
+TEST(ConfigLoad, AutoKeysReadAndWriteAuto) {
+  const LoadedConfig loaded = load(
+      "model:\n  vocab_size: auto\ncheckpoint:\n  every_steps: 250\n  stable:\n"
+      "    every_steps: auto\n");
+  ASSERT_TRUE(loaded.diagnostics.empty()) << loaded.diagnostics[0].format();
+  EXPECT_EQ(loaded.config.model.vocab_size, kAuto);
+  EXPECT_EQ(loaded.config.checkpoint.every_steps, 250);
+  EXPECT_EQ(loaded.config.checkpoint.stable.every_steps, kAuto);
+  const std::string text = to_yaml(loaded.config);
+  EXPECT_TRUE(contains(text, "  vocab_size: auto\n")) << text;
+  EXPECT_TRUE(contains(text, "  every_steps: 250\n")) << text;
+  for (const char* bad : {"model:\n  vocab_size: -1\n", "model:\n  vocab_size: automatic\n"}) {
+    const LoadedConfig wrong = load(bad);
+    ASSERT_EQ(wrong.diagnostics.size(), 1u) << bad;
+    EXPECT_TRUE(contains(wrong.diagnostics[0].message, "must be auto or"))
+        << wrong.diagnostics[0].message;
+  }
+  // The resolved config: the data's vocabulary padded to 64, the config-only autos as numbers.
+  Config resolved = resolve_auto(loaded.config, 257);
+  EXPECT_EQ(resolved.model.vocab_size, 320);
+  EXPECT_EQ(resolved.schedule.warmup_steps, 100);  // max_steps 1000 / 10
+  EXPECT_EQ(resolved.stability.recovery.steps, 50);
+  EXPECT_EQ(resolved.checkpoint.stable.every_steps, kAuto);  // measured by the run
+}
+
 TEST(ConfigYaml, WritesEveryKeyInBlockStyleWithFlowLists) {
   const std::string text = to_yaml(Config{});
   const LoadedConfig reloaded = load(text);
@@ -433,7 +464,9 @@ TEST(ConfigYaml, WritesEveryKeyInBlockStyleWithFlowLists) {
   EXPECT_TRUE(contains(text, "\n  betas: [0.9, 0.95]\n")) << text;
   EXPECT_TRUE(contains(text, "faults: []\n")) << text;
   Config with_fault;
-  with_fault.faults = {{"crash", 4, 1, "", 1.0, 0.0}};
+  with_fault.faults.emplace_back();
+  with_fault.faults[0].kind = FaultKind::kCrash;
+  with_fault.faults[0].at_step = 4;
   EXPECT_TRUE(contains(to_yaml(with_fault), "faults:\n  - kind: \"crash\"\n    at_step: 4\n"))
       << to_yaml(with_fault);
 }
@@ -461,7 +494,7 @@ TEST(ConfigSchema, DerivesFeedForwardWidthAndKvHeads) {
   llama.d_model = 128;
   EXPECT_EQ(effective_d_ff(llama), 384);  // 341 rounded up to 64
   ModelConfig gpt2;
-  gpt2.arch = "gpt2";
+  gpt2.arch = Arch::kGpt2;
   gpt2.d_model = 768;
   EXPECT_EQ(effective_d_ff(gpt2), 3072);
   gpt2.d_ff = 1000;

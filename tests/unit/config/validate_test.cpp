@@ -10,8 +10,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "scratch_dir.h"
+
 namespace keel::config {
 namespace {
+
+using keel::testing::ScratchDir;
 
 ValidateOptions without_filesystem() {
   ValidateOptions options;
@@ -19,10 +23,14 @@ ValidateOptions without_filesystem() {
   return options;
 }
 
+// Loading's diagnostics (choice-valued keys are enums, checked as they are read) and validate()'s.
 std::vector<Diagnostic> check(const std::string& yaml,
                               const std::vector<std::string>& overrides = {},
                               const ValidateOptions& options = without_filesystem()) {
-  return validate(load_config_from_string(yaml, "v.yaml", overrides), options);
+  const LoadedConfig loaded = load_config_from_string(yaml, "v.yaml", overrides);
+  std::vector<Diagnostic> out = loaded.diagnostics;
+  for (auto& d : validate(loaded, options)) out.push_back(std::move(d));
+  return out;
 }
 
 std::vector<Diagnostic> of_severity(const std::vector<Diagnostic>& all,
@@ -73,7 +81,19 @@ TEST(ConfigValidate, EachRuleReportsOneErrorAtItsKey) {
   const std::vector<RuleCase> cases = {
       {"run:\n  max_steps: 0\n", "run.max_steps", 2, "must be >= 1 (got 0)"},
       {"run:\n  device: gpu\n", "run.device", 2, "must be one of auto|cpu|cuda (got 'gpu')"},
-      {"run:\n  precision: fp8\n", "run.precision", 2, "bf16|fp16|fp32"},
+      {"run:\n  precision: fp8\n", "run.precision", 2, "fp32|bf16|fp16"},
+      {"run:\n  fp16_initial_scale: 0\n", "run.fp16_initial_scale", 2, "must be > 0"},
+      {"model:\n  vocab_size: auto\n", "model.vocab_size", 2, "data.source: shards"},
+      {"logging:\n  tensorboard: true\n", "logging.tensorboard", 2, "issue 14"},
+      {"distributed:\n  zero: 1\n", "distributed.zero", 2, "issue 13"},
+      {"stability:\n  screen:\n    factor: 1\n", "stability.screen.factor", 3, "(1, inf)"},
+      {"stability:\n  rollback:\n    max_incidents: 0\n", "stability.rollback.max_incidents", 3,
+       ">= 1"},
+      {"checkpoint:\n  max_overhead: 0\n", "checkpoint.max_overhead", 2, "(0, 1)"},
+      {"schedule:\n  kind: three_phase\n  warmup_steps: 900\n", "schedule.warmup_steps", 3,
+       "must fit in run.max_steps"},
+      {"faults:\n  - kind: splice_data\n", "faults[0].path", 2, "keel prepare"},
+      {"faults:\n  - kind: crash\n    path: x\n", "faults[0].path", 3, "only splice_data"},
       {"model:\n  arch: bert\n", "model.arch", 2, "llama|gpt2"},
       {"model:\n  vocab_size: 1\n", "model.vocab_size", 2, ">= 2"},
       {"model:\n  seq_len: 0\n", "model.seq_len", 2, ">= 1"},
@@ -282,12 +302,6 @@ TEST(ConfigValidate, ModelVocabularyMustCoverTheData) {
 // ---- Filesystem
 // ------------------------------------------------------------------------------------
 
-std::string temp_path(const std::string& name) {
-  const auto path = std::filesystem::path(testing::TempDir()) / ("keel_validate_" + name);
-  std::filesystem::remove_all(path);
-  return path.string();
-}
-
 std::vector<Diagnostic> check_dir(const std::string& dir,
                                   std::optional<int64_t> parameters = std::nullopt) {
   ValidateOptions options;
@@ -296,14 +310,16 @@ std::vector<Diagnostic> check_dir(const std::string& dir,
 }
 
 TEST(ConfigValidate, FilesystemAcceptsAWritableDirectoryWithRoom) {
-  const std::string root = temp_path("ok");
+  const ScratchDir scratch("validate_ok");
+  const std::string root = scratch / "ok";
   EXPECT_TRUE(check_dir(root + "/not/yet/created").empty());
   EXPECT_FALSE(std::filesystem::exists(root));  // validation creates nothing
 }
 
 TEST(ConfigValidate, FilesystemRefusesTooLittleSpace) {
+  const ScratchDir scratch("validate_space");
   const auto found =
-      check_dir(temp_path("space"), 10'000'000'000'000);  // 12 x 10^13 bytes per checkpoint
+      check_dir(scratch / "space", 10'000'000'000'000);  // 12 x 10^13 bytes per checkpoint
   ASSERT_EQ(found.size(), 1u) << dump(found);
   EXPECT_EQ(found[0].key, "checkpoint.dir");
   EXPECT_EQ(found[0].loc.file, "--set");
@@ -312,10 +328,10 @@ TEST(ConfigValidate, FilesystemRefusesTooLittleSpace) {
 }
 
 TEST(ConfigValidate, FilesystemRefusesAFileInTheWay) {
-  const std::string file = temp_path("file");
+  const ScratchDir scratch("validate_file");
+  const std::string file = scratch / "file";
   std::ofstream(file) << "x";
   const auto found = check_dir(file + "/checkpoints");
-  std::filesystem::remove(file);
   ASSERT_EQ(found.size(), 1u) << dump(found);
   EXPECT_TRUE(contains(found[0].message, "not a directory")) << found[0].message;
 }
@@ -323,24 +339,24 @@ TEST(ConfigValidate, FilesystemRefusesAFileInTheWay) {
 // `keel train --run-dir DIR` puts checkpoints under DIR, so the check looks there, not at
 // run.out_dir/run.name.
 TEST(ConfigValidate, FilesystemChecksTheRunDirectoryWhenGiven) {
-  const std::string file = temp_path("out_dir_file");
+  const ScratchDir scratch("validate_run_dir");
+  const std::string file = scratch / "out_dir_file";
   std::ofstream(file) << "x";
   ValidateOptions options;
   const std::vector<std::string> sets = {"run.out_dir=" + file};
   EXPECT_EQ(errors(check("", sets, options)).size(), 1u);
-  options.run_dir = temp_path("run_dir") + "/run";
+  options.run_dir = scratch / "run_dir/run";
   EXPECT_TRUE(errors(check("", sets, options)).empty());
-  std::filesystem::remove(file);
 }
 
 TEST(ConfigValidate, FilesystemRefusesAnUnwritableParent) {
   if (geteuid() == 0) GTEST_SKIP() << "root can write anywhere";
-  const std::string dir = temp_path("readonly");
+  const ScratchDir scratch("validate_readonly");
+  const std::string dir = scratch / "readonly";
   std::filesystem::create_directory(dir);
   chmod(dir.c_str(), 0555);
   const auto found = check_dir(dir + "/checkpoints");
   chmod(dir.c_str(), 0755);
-  std::filesystem::remove_all(dir);
   ASSERT_EQ(found.size(), 1u) << dump(found);
   EXPECT_TRUE(contains(found[0].message, "not writable")) << found[0].message;
 }
@@ -351,7 +367,7 @@ TEST(ConfigValidate, FilesystemRefusesAnUnwritableParent) {
 ModelConfig shape(const std::string& arch, int64_t vocab, int64_t d_model, int64_t layers,
                   int64_t heads, int64_t kv_heads, int64_t d_ff, bool tied, int64_t seq_len) {
   ModelConfig m;
-  m.arch = arch;
+  m.arch = *parse_choice<Arch>(arch);
   m.vocab_size = vocab;
   m.d_model = d_model;
   m.n_layers = layers;
@@ -376,15 +392,14 @@ TEST(ConfigEstimate, ParameterCountsMatchPublishedModels) {
       {"llama-3-8b", shape("llama", 128256, 4096, 32, 32, 8, 14336, false, 8192), 8'030'261'248},
   };
   for (const auto& tc : cases) {
-    EXPECT_NEAR(static_cast<double>(estimate_parameters(tc.model)), tc.parameters,
-                tc.parameters * 0.01)
+    EXPECT_NEAR(static_cast<double>(parameter_count(tc.model)), tc.parameters, tc.parameters * 0.01)
         << tc.name;
   }
 }
 
 TEST(ConfigEstimate, CheckpointHoldsWeightsAndTwoMoments) {
   Config config;
-  const int64_t parameters = estimate_parameters(config.model);
+  const int64_t parameters = parameter_count(config.model);
   EXPECT_EQ(estimate_checkpoint_bytes(config), parameters * 12 + (64 << 10));
 }
 

@@ -1,7 +1,5 @@
-// Helpers shared by the data unit tests: temporary directories, planted corpora, small datasets.
+// Helpers shared by the data unit tests: planted corpora, small datasets (in a ScratchDir).
 #pragma once
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +9,7 @@
 
 #include "checkpoint/file_io.h"
 #include "data/prepare.h"
+#include "scratch_dir.h"
 
 namespace keel::data::testing {
 
@@ -20,22 +19,6 @@ inline void remove_tree(const std::string& path) {
   std::error_code ec;
   checkpoint::remove_tree(path, ec);
 }
-
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("keel_data_" + name + "_" + std::to_string(::getpid()))) {
-    remove_tree(path_.string());
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() { remove_tree(path_.string()); }
-  std::string str() const { return path_.string(); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -68,8 +51,8 @@ inline std::vector<std::string> mutate(std::vector<std::string> words, int chang
 }
 
 // Prepares `docs` (one file each under dir/in) into dir/out with the byte tokenizer.
-inline nlohmann::json prepare_docs(const ScratchDir& dir, const std::vector<std::string>& docs,
-                                   PrepareOptions o = {}) {
+inline nlohmann::json prepare_docs(const keel::testing::ScratchDir& dir,
+                                   const std::vector<std::string>& docs, PrepareOptions o = {}) {
   std::filesystem::create_directories(dir / "in");
   for (size_t i = 0; i < docs.size(); ++i) {
     char name[32];

@@ -15,7 +15,7 @@
 namespace keel::data {
 namespace {
 
-using testing::ScratchDir;
+using keel::testing::ScratchDir;
 
 class LoaderTest : public ::testing::Test {
  protected:
@@ -34,7 +34,7 @@ class LoaderTest : public ::testing::Test {
     o.seq_len = 16;
     o.rank = rank;
     o.world_size = world;
-    o.sampler = {sampler, 42, 4, 8, 3};
+    o.sampler = {*config::parse_choice<config::Sampling>(sampler), 42, 4, 8, 3};
     o.loader.queue_capacity = 6;
     o.loader.low_watermark = 2;
     o.loader.high_watermark = 4;
@@ -106,7 +106,7 @@ TEST_F(LoaderTest, ResumeContinuesTheIdenticalSampleSequence) {
 
 TEST_F(LoaderTest, LoaderStallWaitsAndRepeatsNoSample) {
   auto o = options("random");
-  o.faults = {{"loader_stall", 3, 2, "", 1.0, 0.3}};
+  o.faults = {{config::FaultKind::kLoaderStall, 3, 2, {}, 1.0, 0.3}};
   ShardLoader loader(o);
   int64_t per_epoch = loader.epoch_length() / 4;
   std::set<int64_t> seen;
@@ -127,7 +127,7 @@ TEST_F(LoaderTest, LoaderStallWaitsAndRepeatsNoSample) {
 
 TEST_F(LoaderTest, StallPastTheTimeoutStopsTheRun) {
   auto o = options();
-  o.faults = {{"loader_stall", 1, 1, "", 1.0, 30.0}};
+  o.faults = {{config::FaultKind::kLoaderStall, 1, 1, {}, 1.0, 30.0}};
   o.loader.stall_timeout_s = 0.3;
   ShardLoader loader(o);
   loader.next();
@@ -142,7 +142,7 @@ TEST_F(LoaderTest, StallPastTheTimeoutStopsTheRun) {
 TEST_F(LoaderTest, DropSamplesShowsInSamplesServed) {
   auto o = options("sequential");
   o.grad_accum_steps = 2;
-  o.faults = {{"drop_samples", 2, 1, "", 0.1, 0.0}};
+  o.faults = {{config::FaultKind::kDropSamples, 2, 1, {}, 0.1, 0.0}};
   ShardLoader loader(o);
   std::set<int64_t> seen;
   const int micro_batches = 24;  // steps 0..11; drops from step 2 on
@@ -179,7 +179,7 @@ TEST_F(LoaderTest, CorruptShardIsRefused) {
 
 TEST_F(LoaderTest, FactoryReadsConfigAndValSplit) {
   config::Config cfg;
-  cfg.data.source = "shards";
+  cfg.data.source = config::DataSource::kShards;
   cfg.data.path = *dir_ / "out";
   cfg.model.seq_len = 16;
   cfg.model.vocab_size = 264;

@@ -13,7 +13,7 @@
 namespace keel::data {
 namespace {
 
-using testing::ScratchDir;
+using keel::testing::ScratchDir;
 
 struct Planted {
   std::vector<std::string> docs;

@@ -16,28 +16,30 @@ std::vector<uint32_t> skewed_buckets(int64_t n, int64_t buckets) {
 }
 
 TEST(SampleOrder, EpochsAreDistinctWindowsDeterministicFromSeed) {
-  for (std::string kind : {"sequential", "random", "stratified"}) {
+  using config::Sampling;
+  for (Sampling kind : {Sampling::kSequential, Sampling::kRandom, Sampling::kStratified}) {
     SamplerConfig c{kind, 5, 4, 8, 3};
     SampleOrder a(c, skewed_buckets(203, 8)), b(c, skewed_buckets(203, 8));
     int64_t E = a.epoch_length();
-    ASSERT_GT(E, 150) << kind;
-    EXPECT_EQ(E % 4, 0) << kind;
+    ASSERT_GT(E, 150) << config::name_of(kind);
+    EXPECT_EQ(E % 4, 0) << config::name_of(kind);
     for (int64_t epoch = 0; epoch < 3; ++epoch) {
       std::set<int64_t> seen;
       for (int64_t i = 0; i < E; ++i) {
         int64_t w = a.at(epoch * E + i);
-        EXPECT_TRUE(seen.insert(w).second) << kind << ": window " << w << " twice in an epoch";
+        EXPECT_TRUE(seen.insert(w).second)
+            << config::name_of(kind) << ": window " << w << " twice in an epoch";
         EXPECT_EQ(w, b.at(epoch * E + i));
       }
     }
-    if (kind == "sequential") EXPECT_EQ(a.at(E + 7), 7);
+    if (kind == Sampling::kSequential) EXPECT_EQ(a.at(E + 7), 7);
     // A different seed gives a different order (except sequential).
     SamplerConfig c2 = c;
     c2.seed = 6;
     SampleOrder d(c2, skewed_buckets(203, 8));
     int same = 0;
     for (int64_t i = 0; i < 40; ++i) same += d.at(i) == a.at(i);
-    if (kind != "sequential") EXPECT_LT(same, 20) << kind;
+    if (kind != Sampling::kSequential) EXPECT_LT(same, 20) << config::name_of(kind);
     // Random access back into an earlier epoch agrees with sequential access.
     EXPECT_EQ(a.at(5), b.at(5));
   }
@@ -45,7 +47,7 @@ TEST(SampleOrder, EpochsAreDistinctWindowsDeterministicFromSeed) {
 
 TEST(SampleOrder, StratifiedMicroBatchesSpanMinClusters) {
   const int64_t B = 8, buckets = 6, min_clusters = 4;
-  SamplerConfig c{"stratified", 9, B, buckets, min_clusters};
+  SamplerConfig c{config::Sampling::kStratified, 9, B, buckets, min_clusters};
   auto bucket = skewed_buckets(1000, buckets);
   SampleOrder order(c, bucket);
   int64_t E = order.epoch_length();
@@ -60,7 +62,7 @@ TEST(SampleOrder, StratifiedMicroBatchesSpanMinClusters) {
 TEST(SampleOrder, StratifiedWithOneDominantBucketStillHoldsTheConstraint) {
   std::vector<uint32_t> bucket(400, 0);
   for (int i = 0; i < 60; ++i) bucket[i * 5] = 1 + i % 3;  // 60 windows outside bucket 0
-  SamplerConfig c{"stratified", 1, 4, 4, 2};
+  SamplerConfig c{config::Sampling::kStratified, 1, 4, 4, 2};
   SampleOrder order(c, bucket);
   int64_t E = order.epoch_length();
   EXPECT_GE(E, 100);  // 60 minority windows pair with 60 of bucket 0, at least

@@ -14,7 +14,7 @@
 namespace keel::data {
 namespace {
 
-using testing::ScratchDir;
+using keel::testing::ScratchDir;
 
 // A dataset written directly with SplitWriter: docs of known tokens, small shards.
 void write_dataset(const std::string& dir, const std::vector<std::vector<uint32_t>>& docs,

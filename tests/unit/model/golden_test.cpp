@@ -34,7 +34,7 @@ const std::string& meta(const checkpoint::StringMap& m, const std::string& key) 
 // The golden file's __metadata__ holds ModelConfig's fields under their YAML keys.
 config::ModelConfig config_from(const checkpoint::StringMap& m) {
   config::ModelConfig c;
-  c.arch = meta(m, "arch");
+  c.arch = *config::parse_choice<config::Arch>(meta(m, "arch"));
   c.vocab_size = std::stoll(meta(m, "vocab_size"));
   c.d_model = std::stoll(meta(m, "d_model"));
   c.n_layers = std::stoll(meta(m, "n_layers"));
@@ -90,7 +90,7 @@ std::string fused_paths(const config::ModelConfig& c, int64_t batch) {
     if (fused) out += std::string(out.empty() ? "" : ",") + name;
   };
   add(causal_attention_is_fused(q, q, q, 0.0), "attention");
-  if (c.arch == "llama") {
+  if (c.arch == config::Arch::kLlama) {
     const auto table = torch::zeros({T, D / 2});
     add(rms_norm_is_fused(x, gain), "rms_norm");
     add(split_qkv_rope_is_fused(torch::zeros({B, T, (H + 2 * Hkv) * D}), table, table, H, Hkv),
@@ -125,7 +125,7 @@ TEST_P(GoldenTest, LossAndEveryGradientMatchThePyTorchReference) {
   };
 
   const auto cfg = config_from(md);
-  ASSERT_EQ(cfg.arch, arch);
+  ASSERT_EQ(config::name_of(cfg.arch), arch);
   Transformer model(cfg);  // training mode, as the trainer runs it (dropout is 0)
 
   // Every keel parameter has exactly one param.<name> and grad.<name>, and the file no others.

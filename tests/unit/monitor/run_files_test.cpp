@@ -3,18 +3,19 @@
 #include "monitor/run_files.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "common/error.h"
+#include "scratch_dir.h"
 
 namespace keel::monitor {
 namespace {
 
 namespace fs = std::filesystem;
+using keel::testing::ScratchDir;
 
 JsonRecord a_record(int64_t step) {
   JsonRecord r;
@@ -35,8 +36,8 @@ TEST(JsonlFile, FullDiskThrowsRecordErrorNamingTheFile) {
 }
 
 TEST(JsonlFile, DeletedFileThrowsRecordError) {
-  const fs::path path = fs::temp_directory_path() /
-                        ("keel_run_files_deleted_" + std::to_string(::getpid()) + ".jsonl");
+  const ScratchDir dir("run_files_deleted");
+  const fs::path path = dir.path() / "metrics.jsonl";
   JsonlFile f(path.string());
   f.write(a_record(1));
   fs::remove(path);  // as a removed run directory would
@@ -49,8 +50,8 @@ TEST(RecordFile, WriteToAFullDeviceThrowsRecordError) {
 }
 
 TEST(JsonlFile, CompleteLinesAreWrittenAndFlushed) {
-  const fs::path path =
-      fs::temp_directory_path() / ("keel_run_files_lines_" + std::to_string(::getpid()) + ".jsonl");
+  const ScratchDir dir("run_files_lines");
+  const fs::path path = dir.path() / "metrics.jsonl";
   {
     JsonlFile f(path.string());
     f.write(a_record(1));
@@ -59,7 +60,6 @@ TEST(JsonlFile, CompleteLinesAreWrittenAndFlushed) {
     std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(all, "{\"step\":1}\n{\"step\":2}\n");
   }
-  fs::remove(path);
 }
 
 }  // namespace

@@ -15,10 +15,10 @@ namespace {
 using torch::Tensor;
 
 TEST(PrecisionTest, ParsesNamesAndRejectsOthers) {
-  EXPECT_EQ(parse_precision("fp32"), Precision::kFp32);
-  EXPECT_EQ(parse_precision("bf16"), Precision::kBf16);
-  EXPECT_EQ(parse_precision("fp16"), Precision::kFp16);
-  EXPECT_THROW(parse_precision("fp8"), ConfigError);
+  EXPECT_EQ(config::parse_choice<Precision>("fp32"), Precision::kFp32);
+  EXPECT_EQ(config::parse_choice<Precision>("bf16"), Precision::kBf16);
+  EXPECT_EQ(config::parse_choice<Precision>("fp16"), Precision::kFp16);
+  EXPECT_FALSE(config::parse_choice<Precision>("fp8").has_value());
 }
 
 TEST(AutocastScopeTest, EnablesAndRestores) {

@@ -13,7 +13,7 @@ namespace {
 
 config::ScheduleConfig make(const std::string& kind, int64_t warmup, double min_ratio = 0.1) {
   config::ScheduleConfig c;
-  c.kind = kind;
+  c.kind = *config::parse_choice<config::ScheduleKind>(kind);
   c.warmup_steps = warmup;
   c.min_lr_ratio = min_ratio;
   return c;
@@ -27,7 +27,8 @@ struct Point {
 void expect_points(const config::ScheduleConfig& cfg, double peak, int64_t max_steps,
                    const std::vector<Point>& points) {
   for (const auto& [step, lr] : points) {
-    EXPECT_NEAR(lr_at(cfg, peak, step, max_steps), lr, 1e-12) << cfg.kind << " step " << step;
+    EXPECT_NEAR(lr_at(cfg, peak, step, max_steps), lr, 1e-12)
+        << config::name_of(cfg.kind) << " step " << step;
   }
 }
 
@@ -43,7 +44,7 @@ TEST(ScheduleTest, CosineWarmupThenCosineToMin) {
                  {60, 1.1},                                                 // p = 1/2
                  {110, 0.2},                                                // p = 1
                  {500, 0.2}});                                              // clamped past the end
-  EXPECT_EQ(warmup_steps(cfg, 110), 10);
+  EXPECT_EQ(schedule::warmup_steps(cfg, 110), 10);
 }
 
 TEST(ScheduleTest, CosineWithoutWarmupStartsAtPeak) {
@@ -52,7 +53,7 @@ TEST(ScheduleTest, CosineWithoutWarmupStartsAtPeak) {
 
 TEST(ScheduleTest, ThreePhaseFromFractions) {
   // 100 steps: warmup 10 (0.1), stable 70 (0.7), decay 80..100 as 1.0 * 0.1^p.
-  auto cfg = make("three_phase", 0);
+  auto cfg = make("three_phase", config::kAuto);
   cfg.phases = {0.1, 0.7, 0.2};
   expect_points(cfg, 1.0, 100,
                 {{0, 0.1},
@@ -64,16 +65,33 @@ TEST(ScheduleTest, ThreePhaseFromFractions) {
                  {90, std::sqrt(0.1)},
                  {100, 0.1},
                  {150, 0.1}});
-  EXPECT_EQ(warmup_steps(cfg, 100), 10);
+  EXPECT_EQ(schedule::warmup_steps(cfg, 100), 10);
 }
 
 TEST(ScheduleTest, ThreePhaseWarmupStepsOverridesFraction) {
-  // warmup 20 steps; stable stays 70, so the decay runs 90..100.
+  // warmup 20 steps replaces phases.warmup; the decay keeps its 20 steps (80..100), so the stable
+  // phase shrinks to 60.
   auto cfg = make("three_phase", 20);
   cfg.phases = {0.1, 0.7, 0.2};
   expect_points(cfg, 1.0, 100,
-                {{0, 0.05}, {19, 1.0}, {20, 1.0}, {89, 1.0}, {95, std::sqrt(0.1)}, {100, 0.1}});
-  EXPECT_EQ(warmup_steps(cfg, 100), 20);
+                {{0, 0.05}, {19, 1.0}, {20, 1.0}, {79, 1.0}, {90, std::sqrt(0.1)}, {100, 0.1}});
+  EXPECT_EQ(schedule::warmup_steps(cfg, 100), 20);
+}
+
+TEST(ScheduleTest, ThreePhaseDecayFractionIsRead) {
+  // The decay phase is the last phases.decay x max_steps steps: 0.5 of 100 -> 50..100.
+  auto cfg = make("three_phase", config::kAuto);
+  cfg.phases = {0.1, 0.4, 0.5};
+  expect_points(cfg, 1.0, 100, {{49, 1.0}, {50, 1.0}, {75, std::sqrt(0.1)}, {100, 0.1}});
+}
+
+TEST(ScheduleTest, AutoWarmupIsATenthOfTheRunUpTo2000Steps) {
+  auto cfg = make("cosine", config::kAuto);
+  EXPECT_EQ(schedule::warmup_steps(cfg, 400), 40);
+  EXPECT_EQ(schedule::warmup_steps(cfg, 100000), 2000);
+  cfg = make("three_phase", config::kAuto);
+  cfg.phases = {0.2, 0.6, 0.2};
+  EXPECT_EQ(schedule::warmup_steps(cfg, 1000), 200);
 }
 
 TEST(ScheduleTest, ConstantWarmupThenPeak) {
@@ -86,10 +104,6 @@ TEST(ScheduleTest, FirstStepIsNeverZero) {
   for (const char* kind : {"cosine", "three_phase", "constant"}) {
     EXPECT_GT(lr_at(make(kind, 1000), 1e-3, 0, 2000), 0.0) << kind;
   }
-}
-
-TEST(ScheduleTest, UnknownKindThrowsConfigError) {
-  EXPECT_THROW(lr_at(make("linear", 10), 1.0, 0, 100), ConfigError);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ config::Config with_schedule(const std::string& kind) {
   config::Config cfg;
   cfg.run.max_steps = 1000;
   cfg.optim.lr = 1e-3;
-  cfg.schedule.kind = kind;
+  cfg.schedule.kind = *config::parse_choice<config::ScheduleKind>(kind);
   cfg.schedule.warmup_steps = 100;
   cfg.stability.recovery.steps = 50;
   cfg.stability.recovery.lr_factor = 0.25;
@@ -33,7 +33,7 @@ TEST_P(RecoveryOverlay, QuarterLrForRecoveryStepsThenTheScheduleFromTheRolledBac
     EXPECT_DOUBLE_EQ(effective_lr(cfg, step, step, &guard, nullptr), scheduled(step)) << step;
 
   // Paused at 620, rolled back to the stable snapshot at 600.
-  guard.on_rollback(600, {{"pause_step", 620}});
+  guard.rolled_back(600);
   for (int64_t step = 600; step < 650; ++step)
     EXPECT_DOUBLE_EQ(effective_lr(cfg, step, step + 21, &guard, nullptr), 0.25 * scheduled(step))
         << step;
@@ -42,7 +42,7 @@ TEST_P(RecoveryOverlay, QuarterLrForRecoveryStepsThenTheScheduleFromTheRolledBac
 
   // A rollback inside warmup keeps the warmup position: recovery scales the warmup ramp.
   guard::Guard early(cfg.stability, {"layers.0"});
-  early.on_rollback(40, {{"pause_step", 45}});
+  early.rolled_back(40);
   EXPECT_DOUBLE_EQ(effective_lr(cfg, 40, 46, &early, nullptr), 0.25 * scheduled(40));
   EXPECT_LT(scheduled(40), cfg.optim.lr);  // still warming up, not restarted from 0 or at peak
 }
@@ -50,7 +50,7 @@ TEST_P(RecoveryOverlay, QuarterLrForRecoveryStepsThenTheScheduleFromTheRolledBac
 TEST_P(RecoveryOverlay, InjectedSpikeMultipliesOnTopAndWithoutAGuardTheScheduleIsPlain) {
   auto cfg = with_schedule(GetParam());
   config::FaultSpec spike;
-  spike.kind = "lr_spike";
+  spike.kind = config::FaultKind::kLrSpike;
   spike.at_step = 300;
   spike.steps = 2;
   spike.factor = 100;

@@ -4,24 +4,22 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
-#include <filesystem>
 
-#include "checkpoint/file_io.h"
 #include "common/host_allocator.h"
 #include "dist/communicator.h"
 #include "model/fused_ops.h"
+#include "scratch_dir.h"
 #include "train/trainer_state.h"
 
 namespace keel::train {
 namespace {
 
-namespace fs = std::filesystem;
+using keel::testing::ScratchDir;
 
 void a_handler(int) {}
 
 TEST(ProcessSettings, TrainerPutsProcessWideSettingsBack) {
-  const fs::path run_dir =
-      fs::temp_directory_path() / ("keel_process_settings_" + std::to_string(::getpid()));
+  const ScratchDir run_dir("process_settings");
   const int threads = at::get_num_threads();
   const bool caching = caching_host_allocator_installed();
   const model::CpuMatmul matmul = model::cpu_matmul();
@@ -29,21 +27,23 @@ TEST(ProcessSettings, TrainerPutsProcessWideSettingsBack) {
   auto* previous_term = std::signal(SIGTERM, a_handler);
 
   config::Config cfg;
-  cfg.run.device = "cpu";
+  cfg.run.device = config::Device::kCpu;
   cfg.run.max_steps = 2;
   // Every setting the opposite of what the process has now.
   cfg.run.threads = threads == 1 ? 2 : 1;
-  cfg.run.host_allocator = caching ? "system" : "caching";
-  cfg.run.cpu_matmul = matmul == model::CpuMatmul::kAten ? "onednn" : "aten";
+  cfg.run.host_allocator =
+      caching ? config::HostAllocator::kSystem : config::HostAllocator::kCaching;
+  cfg.run.cpu_matmul =
+      matmul == model::CpuMatmul::kAten ? model::CpuMatmul::kOneDnn : model::CpuMatmul::kAten;
   cfg.run.deterministic = !deterministic;
   cfg.model.d_model = 32;
   cfg.model.seq_len = 16;
   cfg.eval.every_steps = 0;
-  cfg.logging.progress = "off";
+  cfg.logging.progress = config::Switch::kOff;
   {
     dist::SingleProcess comm;
     TrainOptions options;
-    options.run_dir = run_dir.string();
+    options.run_dir = run_dir.str();
     Trainer::State s(cfg, "", options, comm);
     s.setup();
     ASSERT_EQ(at::get_num_threads(), cfg.run.threads);
@@ -60,9 +60,6 @@ TEST(ProcessSettings, TrainerPutsProcessWideSettingsBack) {
   EXPECT_EQ(model::cpu_matmul(), matmul);
   EXPECT_EQ(at::globalContext().deterministicAlgorithms(), deterministic);
   EXPECT_EQ(std::signal(SIGTERM, previous_term), a_handler);
-
-  std::error_code ec;
-  checkpoint::remove_tree(run_dir, ec);
 }
 
 }  // namespace

@@ -2,16 +2,14 @@
 // training step (Trainer::State::train_step) with an injected NaN gradient, compared bit for bit.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
-#include "checkpoint/file_io.h"
 #include "dist/communicator.h"
+#include "scratch_dir.h"
 #include "train/trainer_state.h"
 
 namespace keel::train {
 namespace {
 
-namespace fs = std::filesystem;
+using keel::testing::ScratchDir;
 
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
@@ -41,27 +39,26 @@ std::map<std::string, torch::Tensor> copied(const std::map<std::string, torch::T
 class SkipUpdate : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SkipUpdate, NanGradientLeavesWeightsAndOptimizerStateBitIdentical) {
-  const fs::path run_dir =
-      fs::temp_directory_path() / ("keel_skip_update_" + GetParam() + std::to_string(::getpid()));
+  const ScratchDir run_dir("skip_update_" + GetParam());
   config::Config cfg;
-  cfg.run.device = "cpu";
+  cfg.run.device = config::Device::kCpu;
   cfg.run.max_steps = 20;
   cfg.run.deterministic = true;
   cfg.model.d_model = 32;
   cfg.model.seq_len = 16;
   cfg.data.micro_batch_size = 4;
-  cfg.optim.name = GetParam();
+  cfg.optim.name = *config::parse_choice<config::OptimizerName>(GetParam());
   cfg.optim.lr = 1e-3;
   cfg.schedule.warmup_steps = 2;
   cfg.eval.every_steps = 0;
-  cfg.logging.progress = "off";
+  cfg.logging.progress = config::Switch::kOff;
   config::FaultSpec nan;
-  nan.kind = "nan_grad";
+  nan.kind = config::FaultKind::kNanGrad;
   nan.at_step = 5;  // the sixth step attempt
   cfg.faults = {nan};
   dist::SingleProcess comm;
   TrainOptions options;
-  options.run_dir = run_dir.string();
+  options.run_dir = run_dir.str();
   Trainer::State s(cfg, "", options, comm);
   s.setup();
 
@@ -82,10 +79,6 @@ TEST_P(SkipUpdate, NanGradientLeavesWeightsAndOptimizerStateBitIdentical) {
   bool moved = false;
   for (const auto& [name, t] : before_model) moved |= !same_bits(t, next.model.at(name));
   EXPECT_TRUE(moved);
-
-  s.files = monitor::RunFiles{};  // close before removing the directory
-  std::error_code ec;
-  checkpoint::remove_tree(run_dir, ec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, SkipUpdate, ::testing::Values("adamw", "lion"));

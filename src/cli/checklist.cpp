@@ -1,0 +1,196 @@
+#include "cli/checklist.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+
+namespace keel::cli {
+namespace {
+
+using Status = ChecklistItem::Status;
+namespace fs = std::filesystem;
+
+// report.json of the prepared dataset, or null when there is none to read.
+nlohmann::json prepare_report(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "report.json");
+  if (!in) return nullptr;
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception&) {
+    return nullptr;
+  }
+}
+
+std::string cadence(const config::CheckpointConfig& c) {
+  if (c.every_steps == config::kAuto)
+    return fmt::format(
+        "checkpoint.every_steps auto (a save costs at most {:.1f} % of training "
+        "time, measured by the run)",
+        c.max_overhead * 100);
+  if (c.every_steps == 0) return "checkpoint.every_steps 0: only at the end of the run";
+  return fmt::format("every {} steps", c.every_steps);
+}
+
+}  // namespace
+
+std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters) {
+  std::vector<ChecklistItem> out;
+  auto add = [&](std::string item, Status status, std::string what) {
+    out.push_back({std::move(item), status, std::move(what)});
+  };
+  const auto& o = cfg.optim;
+  const auto& st = cfg.stability;
+
+  if (o.name == config::OptimizerName::kAdamW)
+    add("optimizer", Status::kOk,
+        fmt::format("AdamW with decoupled weight decay {} (applied to the weights, not through "
+                    "the gradient), lr {} from the {} schedule, a function of the step alone",
+                    o.weight_decay, o.lr, config::name_of(cfg.schedule.kind)));
+  else
+    add("optimizer", Status::kWarn,
+        "Lion (optim.name): the checklist keeps AdamW for transformers; Lion suits multimodal or "
+        "non-transformer models");
+
+  const double beta2 = o.betas.size() == 2 ? o.betas[1] : 0.0;
+  add("beta2", beta2 >= 0.999 ? Status::kWarn : Status::kOk,
+      beta2 >= 0.999 ? fmt::format("optim.betas[1] = {}: a long second-moment memory keeps the "
+                                   "effective lr high late in training (loss jitter); 0.95 is "
+                                   "the remedy",
+                                   beta2)
+                     : fmt::format("optim.betas[1] = {} (0.95 damps late-training jitter)", beta2));
+
+  add("gradient clipping", o.grad_clip > 1.0 ? Status::kWarn : Status::kOk,
+      fmt::format("global L2 norm clipped at {} ({}; 1.0 as the fuse, 0.5 in strict settings); "
+                  "clip rate watched, warns above {:.0f} % of steps",
+                  o.grad_clip, config::name_of(o.clip_mode), st.clip_rate_warn * 100));
+
+  switch (cfg.run.precision) {
+    case config::Precision::kBf16:
+      add("mixed precision", Status::kOk,
+          "bf16 autocast over fp32 master weights; AdamW moments kept in fp32");
+      break;
+    case config::Precision::kFp16:
+      add("mixed precision", Status::kWarn,
+          "fp16 with dynamic loss scaling and a watch on the scale; bf16 has the range fp16 "
+          "lacks: prefer it where the hardware has it. AdamW moments kept in fp32");
+      break;
+    case config::Precision::kFp32:
+      add("mixed precision", Status::kOk,
+          "fp32 throughout (run.precision; bf16 autocast is the choice on a GPU); AdamW moments "
+          "in fp32");
+      break;
+  }
+
+  const bool shards = cfg.data.source == config::DataSource::kShards;
+  const nlohmann::json report = shards ? prepare_report(cfg.data.path) : nullptr;
+  if (!shards) {
+    add("dedup", Status::kNotApplicable, "synthetic data: nothing to deduplicate");
+    add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kOff,
+        st.screen.enabled ? "synthetic data; the per-sample screen masks outlier samples"
+                          : "synthetic data; stability.screen.enabled is false");
+  } else if (report.is_null()) {
+    add("dedup", Status::kWarn,
+        "no report.json in " + cfg.data.path + ": how the data was deduplicated is unknown");
+    add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kOff,
+        st.screen.enabled ? "the per-sample screen masks outlier samples in training"
+                          : "stability.screen.enabled is false");
+  } else {
+    const auto& d = report["dedup"];
+    const bool exact = d.value("exact", false), near = d.value("near", false);
+    add("dedup", exact && near ? Status::kOk : Status::kWarn,
+        fmt::format("keel prepare removed {} exact and {} near duplicates (MinHash, Jaccard >= "
+                    "{}){}",
+                    report.value("exact_duplicates", 0), report.value("near_duplicates", 0),
+                    d.value("threshold", 0.0),
+                    exact && near ? "" : ": exact or near dedup was switched off"));
+    const double tails = report["length_filter"].value("drop_percentile_tails", 0.0);
+    add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kWarn,
+        fmt::format("{} documents removed by length (tails {} %); the per-sample screen {}",
+                    report.value("removed_by_length", 0), tails,
+                    st.screen.enabled ? "masks outlier samples in training"
+                                      : "is off (stability.screen.enabled)"));
+  }
+
+  if (!shards)
+    add("cross-cluster sampling", Status::kNotApplicable, "synthetic data has no clusters");
+  else if (cfg.data.sampling == config::Sampling::kStratified &&
+           cfg.data.min_clusters_per_batch >= 2)
+    add("cross-cluster sampling", Status::kOk,
+        fmt::format("stratified over {} buckets, at least {} clusters in every micro-batch",
+                    cfg.data.buckets, cfg.data.min_clusters_per_batch));
+  else
+    add("cross-cluster sampling", Status::kWarn,
+        fmt::format("data.sampling {} with min_clusters_per_batch {}: batches may come from one "
+                    "cluster (gradient variance)",
+                    config::name_of(cfg.data.sampling), cfg.data.min_clusters_per_batch));
+
+  add("backpressure", Status::kOk,
+      fmt::format("training waits below {} ready batches (refills to {}), never pads or repeats; "
+                  "stops after {} s without a batch; consumed-vs-steps cross-check at {:.0f} %",
+                  cfg.data.loader.low_watermark, cfg.data.loader.high_watermark,
+                  cfg.data.loader.stall_timeout_s, cfg.data.consumed_tolerance * 100));
+
+  const int64_t warmup = config::warmup_steps(cfg.schedule, cfg.run.max_steps);
+  const bool large = parameters > 1'000'000'000;
+  add("warmup", large && warmup < 2000 ? Status::kWarn : Status::kOk,
+      fmt::format("{} warmup steps for {:.1f}M parameters{}", warmup, parameters / 1e6,
+                  large && warmup < 2000 ? ": start at 2,000 or more for a model this size"
+                                         : " (2,000 to start at scale, longer for larger models)"));
+
+  add("lr decay by step", Status::kOk,
+      fmt::format("{} to {} x peak at step {}: a function of the optimizer step, never of wall "
+                  "time; the recovery overlay scales it",
+                  config::name_of(cfg.schedule.kind), cfg.schedule.min_lr_ratio,
+                  cfg.run.max_steps));
+
+  if (st.enabled)
+    add("two-level alarm", Status::kOk,
+        fmt::format("grad norm {}x its running median warns, {}x (or the loss {}x) pauses, "
+                    "writes forensics and rolls back",
+                    st.warn_factor, st.pause_factor, st.loss_alarm_factor));
+  else
+    add("two-level alarm", Status::kOff, "stability.enabled is false: nothing watches the run");
+
+  add("checkpoint contents", cfg.checkpoint.every_steps == 0 ? Status::kWarn : Status::kOk,
+      "model, optimizer state, schedule position, data position, RNG and guard state, written "
+      "atomically with checksums; " +
+          cadence(cfg.checkpoint));
+
+  if (st.enabled && st.rollback.enabled && cfg.checkpoint.every_steps != 0)
+    add("stable snapshots", Status::kOk,
+        fmt::format("{} a stable candidate, promoted when {} passed without an alarm; a rollback "
+                    "goes back to the newest, then {} steps at {} x lr",
+                    cfg.checkpoint.stable.every_steps > 0
+                        ? fmt::format("every {} steps", cfg.checkpoint.stable.every_steps)
+                        : std::string("every checkpoint"),
+                    cfg.checkpoint.stable.window == config::kAuto
+                        ? std::string("the checkpoint interval before it")
+                        : fmt::format("the {} steps before it", cfg.checkpoint.stable.window),
+                    config::recovery_steps(st, cfg.run.max_steps), st.recovery.lr_factor));
+  else
+    add("stable snapshots", Status::kOff,
+        !st.enabled ? "stability.enabled is false: no stable snapshots, no rollback"
+        : !st.rollback.enabled
+            ? "stability.rollback.enabled is false: alarms skip steps instead of rolling back"
+            : "checkpoint.every_steps 0: the only stable snapshot is the start of the run");
+  return out;
+}
+
+std::string format_checklist(const std::vector<ChecklistItem>& items) {
+  std::string out = "checklist (the seed's pre-launch list, §6.3):\n";
+  for (const auto& i : items) {
+    const char* mark = i.status == Status::kOk     ? "ok  "
+                       : i.status == Status::kWarn ? "WARN"
+                       : i.status == Status::kOff  ? "OFF "
+                                                   : "n/a ";
+    out += fmt::format("  [{}] {}: {}\n", mark, i.item, i.what);
+  }
+  return out;
+}
+
+}  // namespace keel::cli
