@@ -386,15 +386,14 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
 
 CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   Manifest m = read_manifest(dir);
-  if (m.world_size != world_size)
-    throw CheckpointError(dir.string() + ": written by " + std::to_string(m.world_size) +
-                          " rank(s), this run has " + std::to_string(world_size) +
-                          "\nHINT: resume with the same number of ranks (resharding is not "
-                          "supported yet)");
+  // Every rank holds the whole optimizer state (no sharding), so a run at another world size reads
+  // any rank's copy; RNG and loss-scaler state come from the rank of the same number modulo the
+  // writer's world size (a resume at another world size is not bit-exact; the data order is).
+  const int source = rank % m.world_size;
   CheckpointData d;
   d.model = load_tensors(dir, m, "model.safetensors");
-  d.optimizer = load_tensors(dir, m, rank_file("optimizer", rank, "safetensors"));
-  std::string extra = rank_file("extra", rank, "safetensors");
+  d.optimizer = load_tensors(dir, m, rank_file("optimizer", source, "safetensors"));
+  std::string extra = rank_file("extra", source, "safetensors");
   if (m.files.count(extra)) d.extra_tensors = load_tensors(dir, m, extra);
   std::string state = load_text(dir, m, "trainer_state.json");
   d.trainer_state = nlohmann::json::parse(state, nullptr, false);

@@ -119,7 +119,8 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 
 // Verifies the files this rank needs (MANIFEST, model, trainer_state, config, this rank's
 // optimizer/extra) while reading them, in one pass; CheckpointError names the failing file.
-// Throws when the checkpoint was written with a different world size (resharding: TODO(#ckpt)).
+// A run at another world size than the writer's reads rank (rank % writer's world size)'s files:
+// the optimizer state is whole on every rank (not sharded), so any copy serves.
 CheckpointData load_checkpoint(const std::filesystem::path& dir, int rank = 0, int world_size = 1);
 
 struct LoadedCheckpoint {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   keel::cli::register_train(app, exit_code);
   keel::cli::register_prepare(app, exit_code);
   keel::cli::register_inspect(app, exit_code);
+  keel::cli::register_launch(app, exit_code);
   try {
     app.parse(argc, argv);
     return exit_code;
@@ -28,6 +29,9 @@ int main(int argc, char** argv) {
   } catch (const keel::Interrupted& e) {
     std::cerr << e.what() << "; a checkpoint was written, resume with --resume latest\n";
     return e.exit_code();
+  } catch (const keel::DistError& e) {
+    std::cerr << "stopped: " << e.what() << "\n";
+    return keel::kExitRunStopped;
   } catch (const keel::RunStopped& e) {
     std::cerr << "stopped: " << e.what() << "\n";
     return keel::kExitRunStopped;

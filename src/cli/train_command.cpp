@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -32,10 +33,14 @@ void register_train(CLI::App& app, int& exit_code) {
       throw ConfigError(std::to_string(errors) +
                         " config error(s); run `keel validate` for the list");
 
-    dist::SingleProcess comm;
-    log::init(comm.rank(), comm.world_size());
+    // One process, or a rank of a job that torchrun, Slurm or `keel launch` started.
+    const dist::LaunchEnv env = dist::launch_env();
+    log::init(env.rank, env.world_size);
     const config::Config cfg = resolved(loaded);
-    train::Trainer trainer(cfg, config::to_yaml(cfg), *options, comm);
+    options->local_rank = env.local_rank;
+    const auto comm = dist::make_process_group(
+        env, cfg.distributed, train::select_device(cfg.run.device, env.local_rank));
+    train::Trainer trainer(cfg, config::to_yaml(cfg), *options, *comm);
     trainer.run();
     exit_code = 0;
   });

@@ -319,7 +319,8 @@ struct FaultSpec {
   CorruptMode mode = CorruptMode::kRandomTokens;  // corrupt_batch
   double factor = 1.0;                            // lr_spike multiplier, drop_samples fraction
   double seconds = 0.0;                           // loader_stall duration
-  std::string path;  // splice_data: a prepared dataset whose windows replace the data
+  std::string path;   // splice_data: a prepared dataset whose windows replace the data
+  int64_t rank = -1;  // only this rank is hit (-1: every rank)
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -519,6 +520,7 @@ void visit(V& v, FaultSpec& c) {
   v.field("factor", c.factor);
   v.field("seconds", c.seconds);
   v.field("path", c.path);
+  v.field("rank", c.rank);
 }
 template <class V>
 void visit(V& v, Config& c) {

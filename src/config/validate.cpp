@@ -324,6 +324,7 @@ void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
     const std::string key = "faults[" + std::to_string(i) + "]";
     c.at_least(key + ".at_step", f.at_step, 0);
     c.at_least(key + ".steps", f.steps, 1);
+    c.at_least(key + ".rank", f.rank, -1);
     if (f.kind == FaultKind::kLrSpike) c.positive(key + ".factor", f.factor);
     if (f.kind == FaultKind::kDropSamples)
       c.in_range(key + ".factor", f.factor, 0, 1, Ends::kOpenLow);

@@ -290,15 +290,19 @@ void ShardLoader::load_state(const nlohmann::json& s) {
     c.taken = s.at("served").get<int64_t>();
     int64_t old_b = s.at("micro_batch").get<int64_t>(), old_w = s.at("world_size").get<int64_t>();
     if (old_b != options_.sampler.micro_batch || old_w != options_.world_size) {
-      // A new layout continues at the same global position when it divides evenly.
-      int64_t global = c.chunk * old_b * old_w;
-      int64_t per = options_.sampler.micro_batch * options_.world_size;
-      if (c.offset != 0 || global % per != 0)
+      // A new layout (another micro-batch size or world size) continues at the same global
+      // position when it divides evenly; the per-rank counts become this layout's.
+      const int64_t global = c.chunk * old_b * old_w;
+      const int64_t per = options_.sampler.micro_batch * options_.world_size;
+      const int64_t taken = c.taken * old_w, done = c.micro_batches * old_b * old_w;
+      if (c.offset != 0 || global % per != 0 || taken % options_.world_size != 0 || done % per != 0)
         fail("saved with micro_batch " + std::to_string(old_b) + " x world " +
              std::to_string(old_w) + ", which does not map onto " +
              std::to_string(options_.sampler.micro_batch) + " x " +
              std::to_string(options_.world_size));
       c.chunk = global / per;
+      c.taken = taken / options_.world_size;
+      c.micro_batches = done / per;
     }
     stop();
     std::lock_guard<std::mutex> lock(mu_);
@@ -352,7 +356,9 @@ std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int ra
   o.sampler.buckets = cfg.data.buckets;
   o.sampler.min_clusters = cfg.data.min_clusters_per_batch;
   o.loader = cfg.data.loader;
-  if (!validation) o.faults = cfg.faults;
+  if (!validation)
+    for (const auto& f : cfg.faults)
+      if (f.rank < 0 || f.rank == rank) o.faults.push_back(f);
   return std::make_unique<ShardLoader>(std::move(o));
 }
 

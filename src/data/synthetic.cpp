@@ -5,6 +5,8 @@
 #include <random>
 #include <sstream>
 
+#include "common/error.h"
+
 namespace keel::data {
 namespace {
 
@@ -83,12 +85,31 @@ Batch SyntheticSource::next() {
 }
 
 nlohmann::json SyntheticSource::state() const {
-  return {{"kind", "synthetic"}, {"micro_batches_done", micro_batches_done_}, {"served", served_}};
+  return {{"kind", "synthetic"},
+          {"micro_batches_done", micro_batches_done_},
+          {"served", served_},
+          {"micro_batch", micro_batch_},
+          {"world_size", world_size_}};
 }
 
 void SyntheticSource::load_state(const nlohmann::json& state) {
   micro_batches_done_ = state.at("micro_batches_done").get<int64_t>();
   served_ = state.at("served").get<int64_t>();
+  if (!state.contains("micro_batch") || !state.contains("world_size")) return;
+  // Saved by another micro-batch x world layout (a resume at another world size): the same global
+  // position in the new layout, when it is a whole number of the new global micro-batches.
+  const int64_t saved_batch = state.at("micro_batch").get<int64_t>();
+  const int64_t saved_world = state.at("world_size").get<int64_t>();
+  if (saved_batch == micro_batch_ && saved_world == world_size_) return;
+  const int64_t saved = saved_batch * saved_world, now = micro_batch_ * world_size_;
+  const int64_t global = micro_batches_done_ * saved;
+  if (global % now != 0)
+    throw DataError("data position in the checkpoint: " + std::to_string(global) + " (saved with " +
+                    std::to_string(saved) +
+                    " samples per global micro-batch) is not a whole number of this run's " +
+                    std::to_string(now));
+  micro_batches_done_ = global / now;
+  served_ = micro_batches_done_ * micro_batch_;
 }
 
 std::string SyntheticSource::decode(const torch::Tensor& tokens) const {

@@ -23,6 +23,8 @@ class Communicator {
   // In-place max across ranks.
   virtual void all_reduce_max_(std::vector<torch::Tensor>& tensors) = 0;
   virtual void broadcast_(std::vector<torch::Tensor>& tensors, int root) = 0;
+  // Every rank's `tensor` (the same shape on each), concatenated along dim 0 in rank order.
+  virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
   virtual void barrier() = 0;
 
   // Averages gradients in place: sum then divide by world size.
@@ -36,6 +38,7 @@ class SingleProcess final : public Communicator {
   void all_reduce_sum_(std::vector<torch::Tensor>&) override {}
   void all_reduce_max_(std::vector<torch::Tensor>&) override {}
   void broadcast_(std::vector<torch::Tensor>&, int) override {}
+  torch::Tensor all_gather(const torch::Tensor& tensor) override { return tensor; }
   void barrier() override {}
 };
 

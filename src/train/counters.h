@@ -29,8 +29,12 @@ struct TrainCounters {
   // for people reading the file.
   void to_json(nlohmann::json& state, int64_t micro_batch_size, int64_t world_size,
                int64_t seq_len) const;
-  // Reads what to_json wrote; CheckpointError names a missing or mistyped counter.
-  static TrainCounters from_json(const nlohmann::json& state);
+  // Reads what to_json wrote, in this run's layout: counters of micro-batches written by another
+  // micro-batch size x world size (a resume at another world size) are mapped onto
+  // `micro_batch_size` x `world_size` samples per micro-batch, and CheckpointError says so when
+  // they do not map evenly. CheckpointError also names a missing or mistyped counter.
+  static TrainCounters from_json(const nlohmann::json& state, int64_t micro_batch_size,
+                                 int64_t world_size);
 };
 
 }  // namespace keel::train

@@ -9,6 +9,14 @@
 
 namespace keel::train {
 
+std::vector<config::FaultSpec> faults_for_rank(const std::vector<config::FaultSpec>& faults,
+                                               int rank) {
+  std::vector<config::FaultSpec> out;
+  for (const auto& f : faults)
+    if (f.rank < 0 || f.rank == rank) out.push_back(f);
+  return out;
+}
+
 FaultInjector::FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps,
                              int64_t vocab_size, uint64_t seed)
     : faults_(std::move(faults)),

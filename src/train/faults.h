@@ -25,6 +25,10 @@
 
 namespace keel::train {
 
+// The faults that hit `rank` (faults[].rank: -1 for every rank).
+std::vector<config::FaultSpec> faults_for_rank(const std::vector<config::FaultSpec>& faults,
+                                               int rank);
+
 class FaultInjector {
  public:
   FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad_accum_steps, int64_t vocab_size,

@@ -13,16 +13,19 @@ namespace keel::train {
 namespace fs = std::filesystem;
 
 void Trainer::State::write_forensics(const nlohmann::json& signals) {
-  if (!comm.is_main() || step_samples.losses.empty()) return;
+  if (step_samples.losses.empty()) return;
+  // The top-k over every rank's samples (collectives: every rank takes part, rank 0 writes).
+  auto losses = comm.all_gather(torch::cat(step_samples.losses).to(device)).to(torch::kCPU);
+  auto ids =
+      comm.all_gather(torch::cat(step_samples.ids).to(device, torch::kInt64)).to(torch::kCPU);
+  auto tokens = comm.all_gather(torch::cat(step_samples.tokens).to(device)).to(torch::kCPU);
+  if (!comm.is_main()) return;
   fs::path dir = fs::path(run_dir) / "forensics" / checkpoint::step_dir_name(counters.step);
   std::error_code ec;
   if (fs::exists(dir, ec)) dir += "-iter" + std::to_string(counters.iteration);
   fs::create_directories(dir, ec);
   if (ec) throw RecordError("cannot create " + dir.string() + ": " + ec.message());
 
-  auto losses = torch::cat(step_samples.losses).to(torch::kCPU);
-  auto ids = torch::cat(step_samples.ids).to(torch::kCPU);
-  auto tokens = torch::cat(step_samples.tokens).to(torch::kCPU);
   int64_t k = std::min<int64_t>(cfg.stability.top_k_samples, losses.numel());
   auto [top_losses, top_index] = losses.topk(k);
   nlohmann::json samples = nlohmann::json::array();
@@ -61,15 +64,16 @@ void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason)
   std::map<int64_t, double> measured;
   for (size_t i = 0; i < host_samples.ids.size(); ++i)
     measured[host_samples.ids[i]] = host_samples.losses[i];
-  for (int64_t n = 0; n < micro_batches; ++n) {
-    const data::Batch batch = train_data->next();
-    const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
-    for (int64_t i = 0; i < ids.numel(); ++i) {
-      const int64_t id = ids.data_ptr<int64_t>()[i];
-      const auto it = measured.find(id);
-      quarantine(id, reason,
-                 it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
-    }
+  // Every rank skips its own part of the window; the record names every rank's samples.
+  std::vector<torch::Tensor> local;
+  for (int64_t n = 0; n < micro_batches; ++n)
+    local.push_back(train_data->next().sample_ids.to(torch::kInt64).reshape({-1}));
+  if (local.empty()) return;
+  const auto ids = comm.all_gather(torch::cat(local).to(device)).to(torch::kCPU).contiguous();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t id = ids.data_ptr<int64_t>()[i];
+    const auto it = measured.find(id);
+    quarantine(id, reason, it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
   }
 }
 
@@ -107,7 +111,10 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
                      " but no stable snapshot exists to roll back to");
 
   const int64_t from_step = counters.step;
-  const int64_t stable_micro = TrainCounters::from_json(target->data.trainer_state).micro_taken;
+  const int64_t stable_micro =
+      TrainCounters::from_json(target->data.trainer_state, cfg.data.micro_batch_size,
+                               comm.world_size())
+          .micro_taken;
   // Data moves forward, the model goes back: with skip_data the window consumed since the stable
   // snapshot (which held the offending samples) is never trained on again. The fp16 loss scale
   // stays as the scaler has learned it: going back to an old scale would replay its overflows.

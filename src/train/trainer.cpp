@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <c10/cuda/CUDAFunctions.h>
+
 #include <filesystem>
 
 #include "checkpoint/file_io.h"
@@ -28,16 +30,15 @@ constexpr int64_t kProbeSequences = 8;
 
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-torch::Device select_device(config::Device requested) {
-  if (requested == config::Device::kCpu) return torch::kCPU;
-  bool has_cuda = torch::cuda::is_available();
-  if (requested == config::Device::kCuda) {
-    if (!has_cuda)
-      throw ConfigError(
-          "run.device: cuda requested but no CUDA device is visible; use auto or cpu");
-    return torch::kCUDA;
-  }
-  return has_cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+// A signal reaches the ranks at different steps; they stop together, at the first step any of them
+// saw it, or the ones still training would wait on a collective the stopped ones never join.
+int agreed_stop_signal(dist::Communicator& comm, const torch::Device& device) {
+  const int sig = g_stop_signal.load();
+  if (comm.world_size() == 1) return sig;
+  std::vector<torch::Tensor> t{
+      torch::tensor({static_cast<int64_t>(sig)}, torch::kInt64).to(device)};
+  comm.all_reduce_max_(t);
+  return static_cast<int>(t[0].item<int64_t>());
 }
 
 std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int rank, int world,
@@ -63,6 +64,16 @@ config::Config Trainer::State::resolved_config(const config::Config& c) {
   if (c.model.vocab_size == config::kAuto && c.data.source == config::DataSource::kShards)
     data_vocab = data::shard_vocab_size(c.data.path);
   return config::resolve_auto(c, data_vocab);
+}
+
+torch::Device select_device(config::Device requested, int local_rank) {
+  if (requested == config::Device::kCpu) return torch::kCPU;
+  const bool has_cuda = torch::cuda::is_available();
+  if (requested == config::Device::kCuda && !has_cuda)
+    throw ConfigError("run.device: cuda requested but no CUDA device is visible; use auto or cpu");
+  if (!has_cuda) return torch::kCPU;
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
@@ -137,7 +148,12 @@ void Trainer::State::setup() {
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 
-  device = select_device(cfg.run.device);
+  device = select_device(cfg.run.device, options.local_rank);
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+  if (comm.world_size() > 1 && cfg.checkpoint.async)
+    throw ConfigError(
+        "checkpoint.async with several ranks: the writer thread's barrier would race the "
+        "training collectives (an out-of-band store barrier is not built yet); set it to false");
   precision = cfg.run.precision;
   model = model::Transformer(cfg.model);
   model->to(device);  // parameters stay fp32: the master weights; autocast lowers the compute
@@ -161,8 +177,9 @@ void Trainer::State::setup() {
       probe_tokens.slice(0, 0, std::min<int64_t>(kProbeSequences, probe_tokens.size(0))).clone();
   if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(train_data.get()))
     loss_floor = synthetic->chain().entropy_rate();
-  faults = std::make_unique<FaultInjector>(cfg.faults, cfg.data.grad_accum_steps,
-                                           cfg.model.vocab_size, cfg.run.seed + rank);
+  faults =
+      std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
+                                      cfg.model.vocab_size, cfg.run.seed + rank);
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
@@ -217,9 +234,9 @@ void Trainer::State::train_step() {
   const std::optional<double> threshold =
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
 
-  torch::Tensor loss = forward_backward(/*keep_samples=*/guard != nullptr, threshold);
+  torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold);
   faults->after_backward(counters.iteration, params);
-  const StepResult result = measure(std::move(loss), threshold);
+  const StepResult result = measure(std::move(sums), threshold);
   const Verdict verdict = decide(result, lr);
   if (verdict.action() != guard::Action::kApply) {
     reject(verdict, result);
@@ -249,7 +266,8 @@ data::Batch Trainer::State::next_batch() {
 
 // Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. With a
 // screen threshold, samples whose loss is above it (not NaN ones: those are the guard's) weigh 0,
-// the rest 1/B each. Returns the step's mean cross-entropy over the kept samples (device scalar).
+// the rest 1/B each. Returns (2) on the device: the kept samples' summed cross-entropy and their
+// count.
 torch::Tensor Trainer::State::forward_backward(bool keep_samples,
                                                std::optional<double> screen_threshold) {
   const int64_t accum = cfg.data.grad_accum_steps;
@@ -301,35 +319,51 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
       if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
     }
   }
-  if (cfg.logging.sample_ids)
+  if (cfg.logging.sample_ids) {
+    if (comm.world_size() > 1) {  // every rank's part of the step, in rank order
+      const auto all = comm.all_gather(torch::tensor(sample_ids, torch::kInt64).to(device))
+                           .to(torch::kCPU)
+                           .contiguous();
+      sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+    }
     files.samples.write(monitor::JsonRecord()
                             .add("step", counters.step + 1)
                             .add("iteration", counters.iteration)
                             .add("position", position)
                             .add("ids", nlohmann::json(sample_ids)));
-  return loss_sum / kept.clamp_min(1.0);
+  }
+  return torch::stack({loss_sum, kept});
 }
 
 // Unscales (fp16), averages across ranks, and takes the norms: one pass over the gradients gives
 // the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
 // step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
 // mean over the kept ones (folded into clipping, so no extra pass over the gradients).
-StepResult Trainer::State::measure(torch::Tensor loss, std::optional<double> screen_threshold) {
+StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold) {
   StepResult r;
   if (scaler) r.found_inf = scaler->unscale_(params);
   if (comm.world_size() > 1) {
+    const auto comm_start = Clock::now();
+    // Gradients averaged over the ranks; the kept samples' losses and counts summed; an
+    // overflow anywhere is an overflow everywhere.
     std::vector<torch::Tensor> grads;
     for (auto& p : params)
       if (p.grad().defined()) grads.push_back(p.grad());
-    grads.push_back(loss);
     comm.all_reduce_mean_(grads);
+    std::vector<torch::Tensor> totals{sums};
+    comm.all_reduce_sum_(totals);
+    if (r.found_inf) {
+      std::vector<torch::Tensor> inf{*r.found_inf};
+      comm.all_reduce_max_(inf);
+    }
+    window.comm_s += seconds_since(comm_start);
   }
-  r.loss = std::move(loss);
+  r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
   r.param_norms = optim::per_param_grad_norms(params);
   r.screen_threshold = screen_threshold;
   if (screen_threshold) {
-    auto keep = torch::cat(step_samples.keep);
-    r.grad_scale = (static_cast<double>(keep.numel()) / keep.sum().clamp_min(1.0)).reshape({});
+    // The gradients are a sum over the kept samples of 1/samples each; this makes them a mean.
+    r.grad_scale = (static_cast<double>(samples_per_step) / sums[1].clamp_min(1.0)).reshape({});
     r.param_norms = r.param_norms * r.grad_scale;
   }
   r.grad_norm = r.param_norms.norm();
@@ -359,9 +393,11 @@ Verdict Trainer::State::decide(const StepResult& r, double lr) {
       r.loss.reshape({1}), r.grad_norm.reshape({1}),
       r.found_inf ? r.found_inf->reshape({1}).to(dev) : torch::zeros({1}, dev),
       layers->reduce(r.param_norms)};
-  const auto losses = torch::cat(step_samples.losses).to(dev);
+  // Every rank's per-sample losses and screen flags, so that every rank feeds its guard the same
+  // values and takes the same decision.
+  const auto losses = comm.all_gather(torch::cat(step_samples.losses).to(dev));
   parts.push_back(losses);
-  if (r.screen_threshold) parts.push_back(torch::cat(step_samples.keep).to(dev));
+  if (r.screen_threshold) parts.push_back(comm.all_gather(torch::cat(step_samples.keep).to(dev)));
   auto packed = torch::cat(parts).to(torch::kCPU, torch::kFloat64);
   const double* p = packed.data_ptr<double>();
   const int64_t n_layers = static_cast<int64_t>(layers->names().size());
@@ -380,7 +416,9 @@ Verdict Trainer::State::decide(const StepResult& r, double lr) {
   if (scaler) s.loss_scale = scaler->scale().item<double>();
   s.samples = n;
   s.screen_threshold = r.screen_threshold;
-  const auto ids = torch::cat(step_samples.ids).to(torch::kCPU, torch::kInt64).contiguous();
+  const auto ids = comm.all_gather(torch::cat(step_samples.ids).to(device, torch::kInt64))
+                       .to(torch::kCPU)
+                       .contiguous();
   host_samples = HostSamples();
   for (int64_t i = 0; i < n; ++i) {
     const bool kept = !keep || keep[i] > 0.5;
@@ -564,6 +602,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
       .add("queue_depth", loader.queue_depth);
   if (guard) rec.add("clip_rate", static_cast<double>(window.clipped) / steps);
   if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
+  if (comm.world_size() > 1) rec.add("comm_ms", window.comm_s * 1e3 / steps);
   const int64_t samples = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
   rec.add("tokens_seen", samples * cfg.model.seq_len).add("samples_seen", samples);
   if (guard) {
@@ -733,7 +772,7 @@ void Trainer::loop() {
     const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;
     if (last || due) s.evaluate();
     s.maybe_checkpoint();
-    if (int sig = g_stop_signal.load(); sig != 0 && !last) {
+    if (int sig = agreed_stop_signal(s.comm, s.device); sig != 0 && !last) {
       s.progress->finish();
       log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, step);
       if (s.last_checkpoint_step != step) s.save_checkpoint(/*stable=*/false);

@@ -4,6 +4,8 @@
 // eval and checkpoints at intervals and at the last step.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <memory>
 #include <string>
 
@@ -21,7 +23,12 @@ struct TrainOptions {
   // A resume that is a recovery: the data consumed between the snapshot resumed from and the
   // newest checkpoint is trained on again (replay) or set aside in quarantine.jsonl (skip).
   std::string resume_data = "skip";  // replay | skip
+  int local_rank = 0;                // several ranks on a host: this one's GPU
 };
+
+// run.device resolved: cuda (device `local_rank`) when asked for, or when auto and one is visible.
+// ConfigError when cuda is asked for and there is none.
+torch::Device select_device(config::Device requested, int local_rank = 0);
 
 // Resolves the run directory for a config and options.
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options);

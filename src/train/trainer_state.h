@@ -94,6 +94,7 @@ struct Verdict {
 struct LogWindow {
   double loader_wait_s = 0.0;
   double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
+  double comm_s = 0.0;   // host time in the step's gradient and loss all-reduce (several ranks)
   int64_t steps = 0;     // applied updates
   int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
   int64_t skipped = 0;   // step attempts that applied nothing
@@ -113,7 +114,7 @@ struct Trainer::State {
   void train_step();
   bool is_log_step() const;
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
-  StepResult measure(torch::Tensor loss, std::optional<double> screen_threshold);
+  StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold);
   double clip_bound() const;
   Verdict decide(const StepResult& r, double lr);
   void reject(const Verdict& v, const StepResult& r);

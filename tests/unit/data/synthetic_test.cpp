@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "common/error.h"
+
 namespace keel::data {
 namespace {
 
@@ -93,6 +95,24 @@ TEST(SyntheticSource, ResumeFromStateContinuesTheSameSamples) {
   EXPECT_TRUE(torch::equal(expected.tokens, got.tokens));
   EXPECT_TRUE(torch::equal(expected.sample_ids, got.sample_ids));
   EXPECT_EQ(b.samples_served(), 12);
+}
+
+// Saved by 2 ranks of micro-batch 4 after 3 global micro-batches (24 samples): one rank of 8
+// continues at sample 24, as the 2 ranks would have; one of 16 cannot (24 is not a multiple).
+TEST(SyntheticSource, ResumeAtAnotherWorldSizeContinuesTheGlobalOrder) {
+  auto make = [](int64_t micro, int rank, int world) {
+    return SyntheticSource(SyntheticChain(64, 4, 1.0, 5), micro, 16, rank, world);
+  };
+  SyntheticSource r0 = make(4, 0, 2);
+  for (int i = 0; i < 3; ++i) r0.next();
+  SyntheticSource one = make(8, 0, 1);
+  one.load_state(r0.state());
+  EXPECT_EQ(one.samples_served(), 24);
+  auto ids = one.next().sample_ids;
+  EXPECT_EQ(ids[0].item<int64_t>(), 24);
+  EXPECT_EQ(ids[7].item<int64_t>(), 31);
+  SyntheticSource sixteen = make(16, 0, 1);
+  EXPECT_THROW(sixteen.load_state(r0.state()), DataError);
 }
 
 }  // namespace

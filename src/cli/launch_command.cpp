@@ -1,0 +1,222 @@
+// `keel launch --nproc N -- train CONFIG ...`: N local ranks of this same binary, with the
+// environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1, MASTER_PORT), each rank's output line by line with a "[rank R] " prefix.
+// SIGTERM/SIGINT go to every rank (each checkpoints and exits); when a rank fails, the others are
+// told to stop (SIGTERM, then SIGKILL after a grace period) and the launcher exits with the first
+// failure's code, naming that rank.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace keel::cli {
+namespace {
+
+// keel's exit code for a collective that failed (DistError): usually a peer died first.
+constexpr int kPeerFailedExit = 3;
+
+std::atomic<int> g_forward_signal{0};
+void on_signal(int sig) { g_forward_signal.store(sig); }
+
+// A port the kernel says is free on loopback now (the rendezvous binds it a moment later).
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw UserError(std::string("keel launch: socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw UserError(std::string("keel launch: no free port on 127.0.0.1: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Rank {
+  pid_t pid = -1;
+  int out = -1;         // read end of its stdout+stderr
+  std::string partial;  // an unfinished line
+  std::optional<int> exit_code;
+};
+
+void flush_lines(Rank& r, int rank, bool all) {
+  size_t start = 0;
+  for (size_t nl; (nl = r.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::cout << "[rank " << rank << "] " << r.partial.substr(start, nl - start + 1);
+  r.partial.erase(0, start);
+  if (all && !r.partial.empty()) {
+    std::cout << "[rank " << rank << "] " << r.partial << "\n";
+    r.partial.clear();
+  }
+  std::cout.flush();
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int launch(int nproc, int port, const std::vector<std::string>& args, double grace_s) {
+  if (port == 0) port = free_loopback_port();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(nproc)));
+  std::vector<Rank> ranks(nproc);
+  for (int r = 0; r < nproc; ++r) {
+    int fds[2];
+    if (::pipe(fds) != 0)
+      throw UserError(std::string("keel launch: pipe: ") + std::strerror(errno));
+    const pid_t pid = ::fork();
+    if (pid < 0) throw UserError(std::string("keel launch: fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // as torchrun: the cores shared out
+      std::vector<char*> argv;
+      std::string self = "/proc/self/exe";
+      argv.push_back(self.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      std::perror("keel launch: exec");
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    ranks[r].pid = pid;
+    ranks[r].out = fds[0];
+  }
+
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  std::optional<int> first_failed;
+  // SIGKILL for the ranks still running at this time (max(): none pending).
+  auto kill_at = std::chrono::steady_clock::time_point::max();
+  int forwarded = 0;
+  auto signal_all = [&](int sig) {
+    for (auto& rk : ranks)
+      if (!rk.exit_code) ::kill(rk.pid, sig);
+  };
+  while (true) {
+    // Output first, so a rank's last lines come before its exit is reported.
+    std::vector<pollfd> fds;
+    std::vector<int> owner;
+    for (int r = 0; r < nproc; ++r)
+      if (ranks[r].out >= 0) {
+        fds.push_back({ranks[r].out, POLLIN, 0});
+        owner.push_back(r);
+      }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& rk = ranks[owner[i]];
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(rk.out, buf, sizeof buf)) > 0) rk.partial.append(buf, n);
+      flush_lines(rk, owner[i], false);
+      if (n == 0) {
+        flush_lines(rk, owner[i], true);
+        ::close(rk.out);
+        rk.out = -1;
+      }
+    }
+    std::optional<int> failed_now;
+    for (int r = 0; r < nproc; ++r) {
+      if (ranks[r].exit_code) continue;
+      int status = 0;
+      if (::waitpid(ranks[r].pid, &status, WNOHANG) != ranks[r].pid) continue;
+      ranks[r].exit_code = exit_code_of(status);
+      // Ranks reaped together: one that failed of its own accord comes before one whose
+      // collective failed because a peer was gone (exit code 3).
+      if (*ranks[r].exit_code != 0 &&
+          (!failed_now || (*ranks[*failed_now].exit_code == kPeerFailedExit &&
+                           *ranks[r].exit_code != kPeerFailedExit)))
+        failed_now = r;
+    }
+    if (failed_now) {
+      const int r = *failed_now;
+      if (!first_failed && forwarded == 0) {
+        first_failed = r;
+        std::cerr << "keel launch: rank " << r << " exited with " << *ranks[r].exit_code
+                  << "; stopping the other ranks\n";
+        signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+      }
+    }
+    if (const int sig = g_forward_signal.exchange(0); sig != 0) {
+      forwarded = sig;
+      signal_all(sig);  // each rank finishes its step, checkpoints and exits
+    }
+    if (std::chrono::steady_clock::now() > kill_at) {
+      signal_all(SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    bool done = true;
+    for (auto& rk : ranks) done &= rk.exit_code.has_value() && rk.out < 0;
+    if (done) break;
+  }
+  if (first_failed) {
+    std::cerr << "keel launch: failed: rank " << *first_failed << " exited first with "
+              << *ranks[*first_failed].exit_code << "\n";
+    return *ranks[*first_failed].exit_code;
+  }
+  for (int r = 0; r < nproc; ++r)
+    if (*ranks[r].exit_code != 0) return *ranks[r].exit_code;  // after a forwarded signal
+  return 0;
+}
+
+}  // namespace
+
+void register_launch(CLI::App& app, int& exit_code) {
+  auto nproc = std::make_shared<int>(2);
+  auto port = std::make_shared<int>(0);
+  auto grace = std::make_shared<double>(30.0);
+  auto args = std::make_shared<std::vector<std::string>>();
+  auto* sub = app.add_subcommand(
+      "launch",
+      "run N local ranks of a keel command over c10d (Gloo on CPU, NCCL on CUDA)\n"
+      "example: keel launch --nproc 2 -- train configs/tiny.yaml --set run.max_steps=100");
+  sub->add_option("--nproc", *nproc, "ranks to start on this host")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sub->add_option("--master-port", *port, "rendezvous port on 127.0.0.1 (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  sub->add_option("--grace", *grace,
+                  "seconds the other ranks get to stop after one fails, before SIGKILL")
+      ->capture_default_str();
+  sub->add_option("command", *args, "the keel command each rank runs, after --")->required();
+  sub->callback(
+      [nproc, port, grace, args, &exit_code] { exit_code = launch(*nproc, *port, *args, *grace); });
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,254 @@
+// c10d process groups behind keel's Communicator. Gloo's headers are vendored (third_party/gloo,
+// at the wheel's commit); its compiled code is the one inside libtorch_cpu.so. keel touches gloo
+// types only through c10d's own factory functions and pointers.
+#include "dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace keel::dist {
+namespace {
+
+int int_var(const std::function<const char*(const char*)>& getenv, const char* name,
+            std::optional<int> fallback = std::nullopt) {
+  const char* text = getenv(name);
+  if (!text || !*text) {
+    if (fallback) return *fallback;
+    throw UserError(std::string("environment variable ") + name +
+                    " is missing; HINT: launch with `keel launch --nproc N -- train ...`, "
+                    "torchrun or srun, which set it");
+  }
+  int value = 0;
+  const std::string_view s(text);
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size())
+    throw UserError(std::string("environment variable ") + name + "=" + text +
+                    ": must be an integer");
+  return value;
+}
+
+void check_rank(const LaunchEnv& e) {
+  if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size)
+    throw UserError("rank " + std::to_string(e.rank) + " of world size " +
+                    std::to_string(e.world_size) + " (from " + e.launcher +
+                    "'s environment): the rank must lie in [0, world size)");
+  if (e.master_port < 1 || e.master_port > 65535)
+    throw UserError("MASTER_PORT=" + std::to_string(e.master_port) + ": must be in [1, 65535]");
+}
+
+// c10d's process groups differ in how they are made but serve the same collectives.
+class ProcessGroupComm final : public Communicator {
+ public:
+  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> pg,
+                   int rank, int world, std::chrono::milliseconds timeout)
+      : store_(std::move(store)),
+        pg_(std::move(pg)),
+        rank_(rank),
+        world_(world),
+        timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  void all_reduce_sum_(std::vector<torch::Tensor>& tensors) override {
+    all_reduce(tensors, c10d::ReduceOp::SUM);
+  }
+  void all_reduce_max_(std::vector<torch::Tensor>& tensors) override {
+    all_reduce(tensors, c10d::ReduceOp::MAX);
+  }
+  void broadcast_(std::vector<torch::Tensor>& tensors, int root) override {
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = timeout_;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      wait(pg_->broadcast(one, opts), "broadcast");
+    }
+  }
+  torch::Tensor all_gather(const torch::Tensor& tensor) override {
+    auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+    auto sizes = input.sizes().vec();
+    sizes[0] *= world_;
+    auto output = torch::empty(sizes, input.options());
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    wait(pg_->_allgather_base(output, input, opts), "all_gather");
+    return output;
+  }
+  void barrier() override {
+    c10d::BarrierOptions opts;
+    opts.timeout = timeout_;
+    wait(pg_->barrier(opts), "barrier");
+  }
+
+ private:
+  void all_reduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp op) {
+    if (tensors.empty()) return;
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = op;
+    opts.timeout = timeout_;
+    // One flat buffer per dtype: one collective instead of one per tensor.
+    std::vector<at::Tensor> flat{torch::cat([&] {
+      std::vector<torch::Tensor> views;
+      for (auto& t : tensors) views.push_back(t.reshape({-1}));
+      return views;
+    }())};
+    wait(pg_->allreduce(flat, opts), "all_reduce");
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      const int64_t n = t.numel();
+      t.copy_(flat[0].slice(0, offset, offset + n).view(t.sizes()));
+      offset += n;
+    }
+  }
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+    try {
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw DistError(std::string(what) + " across " + std::to_string(world_) +
+                      " ranks failed on rank " + std::to_string(rank_) +
+                      " (another rank may have died; distributed.timeout_s = " +
+                      std::to_string(timeout_.count() / 1000) + "): " + e.what());
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+};
+
+bool is_loopback(const std::string& addr) {
+  return addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // "gpu[003-005,007],cpu01": the first entry, with its first bracketed number.
+  const size_t comma = nodelist.find(',');
+  const size_t bracket = nodelist.find('[');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
+    return nodelist.substr(0, comma);
+  const std::string prefix = nodelist.substr(0, bracket);
+  const size_t end = nodelist.find_first_of("-,]", bracket + 1);
+  return prefix + nodelist.substr(bracket + 1, end - bracket - 1);
+}
+
+LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv) {
+  LaunchEnv e;
+  auto has = [&](const char* name) {
+    const char* v = getenv(name);
+    return v && *v;
+  };
+  if (has("WORLD_SIZE") || has("RANK")) {
+    e.launcher = "torchrun";
+    e.rank = int_var(getenv, "RANK");
+    e.world_size = int_var(getenv, "WORLD_SIZE");
+    e.local_rank = int_var(getenv, "LOCAL_RANK", e.rank);
+    e.local_world_size = int_var(getenv, "LOCAL_WORLD_SIZE", e.world_size);
+    if (e.world_size > 1) {
+      if (!has("MASTER_ADDR"))
+        throw UserError("environment variable MASTER_ADDR is missing (WORLD_SIZE is " +
+                        std::to_string(e.world_size) +
+                        "); HINT: torchrun and `keel launch` set it");
+      e.master_addr = getenv("MASTER_ADDR");
+      e.master_port = int_var(getenv, "MASTER_PORT");
+    }
+    const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    e.agent_store = agent && (std::string(agent) == "True" || std::string(agent) == "true" ||
+                              std::string(agent) == "1");
+    e.restart_count = int_var(getenv, "TORCHELASTIC_RESTART_COUNT", 0);
+  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
+    e.launcher = "slurm";
+    e.rank = int_var(getenv, "SLURM_PROCID");
+    e.world_size = int_var(getenv, "SLURM_NTASKS");
+    e.local_rank = int_var(getenv, "SLURM_LOCALID", 0);
+    e.local_world_size = int_var(getenv, "SLURM_NTASKS_PER_NODE", e.world_size);
+    if (has("MASTER_ADDR")) {
+      e.master_addr = getenv("MASTER_ADDR");
+    } else if (has("SLURM_JOB_NODELIST") || has("SLURM_NODELIST")) {
+      e.master_addr = first_slurm_host(
+          getenv(has("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST"));
+    } else if (e.world_size > 1) {
+      throw UserError("environment variable SLURM_JOB_NODELIST is missing (SLURM_NTASKS is " +
+                      std::to_string(e.world_size) + "); HINT: set MASTER_ADDR");
+    }
+    e.master_port = int_var(getenv, "MASTER_PORT", 29500);
+  }
+  check_rank(e);
+  return e;
+}
+
+LaunchEnv launch_env() {
+  return launch_env_from([](const char* name) { return std::getenv(name); });
+}
+
+std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
+                                                 const config::DistributedConfig& cfg,
+                                                 const torch::Device& device) {
+  if (env.world_size <= 1) return std::make_unique<SingleProcess>();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  // Without torchrun's agent, rank 0 hosts the store; the others connect to it.
+  so.isServer = !env.agent_store && env.rank == 0;
+  so.numWorkers = env.agent_store ? std::nullopt : std::optional<size_t>(env.world_size);
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  } catch (const std::exception& e) {
+    throw UserError("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                    " (rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                    ") failed: " + e.what() +
+                    "; HINT: is MASTER_PORT free, and MASTER_ADDR reachable?");
+  }
+  const std::string prefix = env.agent_store
+                                 ? "/worker/attempt_" + std::to_string(env.restart_count)
+                                 : std::string("keel");
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+
+  config::Backend backend = cfg.backend;
+  if (backend == config::Backend::kAuto)
+    backend = device.is_cuda() ? config::Backend::kNccl : config::Backend::kGloo;
+  c10::intrusive_ptr<c10d::Backend> pg;
+  if (backend == config::Backend::kNccl) {
+#ifdef USE_C10D_NCCL
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+#else
+    throw ConfigError("distributed.backend: nccl, but this LibTorch has no NCCL; use gloo");
+#endif
+  } else {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // On one host (keel launch, MASTER_ADDR loopback) Gloo binds to loopback only; otherwise to
+    // GLOO_SOCKET_IFNAME when set (torch's convention), else to this host's address.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (is_loopback(env.master_addr))
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+  }
+  log::info("dist", "rank {} of {} ({} from {}), {} over {}:{}", env.rank, env.world_size,
+            env.local_rank, env.launcher, config::name_of(backend), env.master_addr,
+            env.master_port);
+  return std::make_unique<ProcessGroupComm>(store, pg, env.rank, env.world_size, timeout);
+}
+
+}  // namespace keel::dist

@@ -1,0 +1,258 @@
+// Many ranks over c10d on the CPU (Gloo on loopback): `keel launch` and torchrun start ranks of the
+// real binary; two ranks of micro-batch B train as one rank of 2B does.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+// The embedded tiny config, small and deterministic, every step logged.
+std::string tiny_args(const ScratchDir& d, int micro_batch, int steps) {
+  return "train --run-dir " + d.str() + kQuickRun +
+         " --set data.micro_batch_size=" + std::to_string(micro_batch) +
+         " --set run.max_steps=" + std::to_string(steps) + " --set checkpoint.every_steps=0";
+}
+
+CommandResult run_shell(const std::string& command) {
+  CommandResult result;
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) result.output.append(buf, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string fmt_step(int64_t step) {
+  char name[16];
+  std::snprintf(name, sizeof name, "%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::map<int64_t, double> losses(const ScratchDir& d) {
+  std::map<int64_t, double> out;
+  for (auto& m : read_jsonl(d.path() / "metrics.jsonl")) {
+    const int64_t step = m["step"].get<int64_t>();
+    EXPECT_EQ(out.count(step), 0u) << "step " << step << " logged twice";
+    out[step] = m["loss"].get<double>();
+  }
+  return out;
+}
+
+void expect_same_losses(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [step, loss] : a) {
+    ASSERT_TRUE(b.count(step)) << step;
+    EXPECT_NEAR(b.at(step), loss, 1e-3 * std::abs(loss)) << "step " << step;
+  }
+}
+
+// Two ranks each take half of every global micro-batch (the same samples one rank of 2B takes),
+// the gradients are averaged over the ranks and every guard decision is taken on all of them.
+TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
+  ScratchDir one("dist_one"), two("dist_two");
+  auto r1 = run_keel(tiny_args(one, 16, 50));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_keel("launch --nproc 2 -- " + tiny_args(two, 8, 50));
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_NE(r2.output.find("[rank 0] "), std::string::npos) << r2.output;  // the launcher's prefix
+  const auto a = losses(one), b = losses(two);
+  EXPECT_EQ(a.size(), 50u);
+  expect_same_losses(a, b);
+  for (auto& e : read_jsonl(two.path() / "events.jsonl"))
+    if (e["kind"] == "run_start") EXPECT_EQ(e["detail"]["world_size"], 2);
+}
+
+// The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
+// on rank 1 only: both ranks drop the step, and the record names the samples of both (the screen is
+// off, so the loss alarm sees the step). A 100x lr on step 44's update, then: both ranks roll back
+// to the same stable snapshot and recover together.
+TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
+  ScratchDir d("dist_guard");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 56) +
+                    " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
+                    " --set checkpoint.stable.every_steps=10 --set stability.median_window=20"
+                    " --set stability.recovery.steps=10 --set stability.screen.enabled=false"
+                    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 24,"
+                    " steps: 1, rank: 1}, {kind: lr_spike, factor: 100, at_step: 44, steps: 1}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int pauses = 0, rollbacks = 0;
+  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+    pauses += e["kind"] == "pause";
+    rollbacks += e["kind"] == "rollback";
+  }
+  EXPECT_GE(pauses, 2) << r.output;
+  EXPECT_GE(rollbacks, 1) << r.output;
+  for (const char* rank : {"[rank 0]", "[rank 1]"}) {
+    bool rolled_back = false;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)
+      rolled_back |= line.rfind(rank, 0) == 0 && line.find("rolled back") != std::string::npos;
+    EXPECT_TRUE(rolled_back) << rank << " did not roll back:\n" << r.output;
+  }
+  // Synthetic ids are position x 16 + b: rank 0 holds b in [0, 8), rank 1 b in [8, 16).
+  bool rank0 = false, rank1 = false;
+  for (auto& q : read_jsonl(d.path() / "quarantine.jsonl")) {
+    const int64_t b = q["id"].get<int64_t>() % 16;
+    rank0 |= b < 8;
+    rank1 |= b >= 8;
+  }
+  EXPECT_TRUE(rank0 && rank1) << "the quarantine must name both ranks' samples";
+  EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"], 56);
+}
+
+// The newest record of each step: a resumed run logs again the steps after its checkpoint.
+std::map<int64_t, nlohmann::json> by_step(const std::filesystem::path& file) {
+  std::map<int64_t, nlohmann::json> out;
+  for (auto& rec : read_jsonl(file)) out[rec["step"].get<int64_t>()] = rec;
+  return out;
+}
+
+// Checkpointed at world size 2 (rank 1 crashes at iteration 25, after the checkpoint at step 20):
+// resumed at 2 ranks it continues bit for bit as the uninterrupted run; resumed at 1 rank of
+// micro-batch 2B it continues the same global sample order, at the same losses.
+TEST(DistIntegration, ResumeAtTheSameOrAnotherWorldSize) {
+  ScratchDir ref("dist_ref"), two("dist_resume_two"), one("dist_resume_one");
+  const std::string record = " --set logging.sample_ids=true --set checkpoint.every_steps=10";
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(ref, 8, 40) + record);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 2 --grace 5 -- " + tiny_args(two, 8, 40) + record +
+               " --set 'faults=[{kind: crash, at_step: 25, rank: 1}]'");
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  std::filesystem::copy(
+      two.path(), one.path(),
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  r = run_keel("launch --nproc 2 -- " + tiny_args(two, 8, 40) + record + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel(tiny_args(one, 16, 40) + record + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const auto ref_metrics = by_step(ref.path() / "metrics.jsonl");
+  const auto ref_samples = by_step(ref.path() / "samples.jsonl");
+  const auto two_metrics = by_step(two.path() / "metrics.jsonl");
+  const auto one_metrics = by_step(one.path() / "metrics.jsonl");
+  const auto one_samples = by_step(one.path() / "samples.jsonl");
+  for (int64_t step = 21; step <= 40; ++step) {
+    ASSERT_TRUE(ref_metrics.count(step) && two_metrics.count(step) && one_metrics.count(step))
+        << step;
+    const double loss = ref_metrics.at(step)["loss"].get<double>();
+    EXPECT_EQ(two_metrics.at(step)["loss"].get<double>(), loss) << "2 -> 2, step " << step;
+    EXPECT_NEAR(one_metrics.at(step)["loss"].get<double>(), loss, 1e-3 * loss)
+        << "2 -> 1, step " << step;
+    ASSERT_TRUE(ref_samples.count(step) && one_samples.count(step)) << step;
+    EXPECT_EQ(one_samples.at(step)["ids"], ref_samples.at(step)["ids"]) << "2 -> 1, step " << step;
+  }
+}
+
+// A rank that dies (SIGKILL at iteration 5) makes the job end, promptly and naming it: the other
+// rank's collective fails or the launcher stops it, and every process is gone.
+TEST(DistIntegration, ARankThatDiesEndsTheJobNamingIt) {
+  ScratchDir d("dist_death");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run_keel("launch --nproc 2 --grace 5 -- " + tiny_args(d, 8, 50) +
+                    " --set distributed.timeout_s=20"
+                    " --set 'faults=[{kind: crash, at_step: 5, rank: 1}]'");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 exited first"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 20 + 30) << r.output;
+}
+
+// A scheduler's SIGTERM to the launcher reaches every rank; they agree on the step, write one
+// checkpoint together and exit.
+TEST(DistIntegration, SigtermToTheLauncherCheckpointsOnceOnEveryRank) {
+  ScratchDir d("dist_sigterm");
+  const std::string cmd = std::string(KEEL_BINARY) + " launch --nproc 2 -- " +
+                          tiny_args(d, 8, 100000) + " > " + d.str() + "/log 2>&1 & echo $!";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  int pid = 0;
+  ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);
+  pclose(p);
+  for (int i = 0; i < 600 && !std::filesystem::exists(d.path() / "metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  for (int i = 0; i < 600 && ::kill(pid, 0) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_NE(::kill(pid, 0), 0) << "the launcher is still running";
+  std::ifstream log_file(d.path() / "log");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  const auto events = read_jsonl(d.path() / "events.jsonl");
+  ASSERT_FALSE(events.empty()) << log;
+  EXPECT_EQ(events.back()["kind"], "interrupted") << log;
+  const int64_t stopped_at = events.back()["step"].get<int64_t>();
+  int checkpoints = 0;
+  for (auto& e : events) checkpoints += e["kind"] == "checkpoint" && e["step"] == stopped_at;
+  EXPECT_EQ(checkpoints, 1) << log;
+  const auto dir = d.path() / "checkpoints" / ("step_" + fmt_step(stopped_at));
+  for (const char* f : {"optimizer.rank0.safetensors", "optimizer.rank1.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(dir / f)) << dir / f << "\n" << log;
+  for (const char* rank : {"[rank 0]", "[rank 1]"})
+    EXPECT_NE(log.find(std::string(rank) + " "), std::string::npos) << log;
+}
+
+// A rank's place comes from its launcher's variables: one that is missing, or a rendezvous port
+// another process holds, is the user's to fix (exit 2, naming it), never a hang.
+TEST(DistIntegration, AMissingVariableOrABusyPortExitsTwoNamingIt) {
+  ScratchDir d("dist_env");
+  auto r =
+      run_shell("env RANK=0 WORLD_SIZE=2 " + std::string(KEEL_BINARY) + " " + tiny_args(d, 8, 5));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("MASTER_ADDR"), std::string::npos) << r.output;
+
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  r = run_shell("env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
+                std::string(KEEL_BINARY) + " " + tiny_args(d, 8, 5) +
+                " --set distributed.timeout_s=10");
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(port), std::string::npos) << r.output;
+}
+
+// torchrun --no-python starts keel directly; its agent hosts the store. Same losses as launch.
+TEST(DistIntegration, TorchrunStartsTheSameJob) {
+  std::string torchrun;
+  for (const char* base : {std::getenv("KEEL_CACHE"), std::getenv("HOME")}) {
+    if (!base) continue;
+    for (const char* rel : {"/torch-2.11.0/bin/torchrun", "/.cache/keel/torch-2.11.0/bin/torchrun"})
+      if (std::filesystem::exists(std::string(base) + rel)) torchrun = std::string(base) + rel;
+  }
+  if (torchrun.empty()) GTEST_SKIP() << "torchrun not found in the set-up's environment";
+  ScratchDir viaLaunch("dist_launch"), viaTorchrun("dist_torchrun");
+  auto a = run_keel("launch --nproc 2 -- " + tiny_args(viaLaunch, 8, 20));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const CommandResult b =
+      run_shell(torchrun + " --no-python --nproc_per_node 2 --master_addr 127.0.0.1" +
+                " --master_port " + port + " " + KEEL_BINARY + " " + tiny_args(viaTorchrun, 8, 20));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  expect_same_losses(losses(viaLaunch), losses(viaTorchrun));
+}
+
+}  // namespace
+}  // namespace keel::testing
