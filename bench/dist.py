@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""One rank against two, on the same global batch: step time, tokens/s and the all-reduce's share.
+
+The same model and global batch trained three ways, alternating, --reps times:
+  1 rank  x micro-batch 2B, run.threads = cores
+  2 ranks x micro-batch B (keel launch --nproc 2), run.threads = cores / 2 each, Gloo on loopback
+and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms` is the
+host time of the step's gradient all-reduce (metrics.jsonl), so its share of `step_ms` is what the
+second rank costs in communication. Gradients are all-reduced once after the backward pass (no
+overlap yet: buckets launched from autograd hooks are planned), so the share is the whole cost.
+
+  python3 bench/dist.py --keel build/keel                 # small and medium models (~4 min, 2 cores)
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+SHAPES = {
+    # The small and medium models of bench/run.py; `batch` is the global batch.
+    "small": dict(d_model=128, n_layers=4, n_heads=4, seq_len=128, batch=16, steps=40),
+    "medium": dict(d_model=320, n_layers=8, n_heads=5, seq_len=256, batch=8, steps=15),
+}
+
+
+def run(keel, shape, ranks, cores, skip):
+    s = SHAPES[shape]
+    with tempfile.TemporaryDirectory(prefix="keel-dist-") as tmp:
+        sets = ["model.arch=llama", "model.vocab_size=256", f"model.d_model={s['d_model']}",
+                f"model.n_layers={s['n_layers']}", f"model.n_heads={s['n_heads']}",
+                f"model.seq_len={s['seq_len']}", f"data.micro_batch_size={s['batch'] // ranks}",
+                f"run.max_steps={s['steps']}", "schedule.warmup_steps=1", "eval.every_steps=0",
+                "eval.batches=1", "logging.every_steps=1", "logging.progress=off",
+                f"run.threads={max(1, cores // ranks)}", "checkpoint.every_steps=0"]
+        cmd = [keel] + (["launch", "--nproc", str(ranks), "--"] if ranks > 1 else [])
+        cmd += ["train", "--run-dir", os.path.join(tmp, "run")]
+        for x in sets:
+            cmd += ["--set", x]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f][skip:]
+    step = statistics.median(r["step_ms"] for r in rows)
+    tok = statistics.median(r["tokens_per_s"] for r in rows)
+    comm = statistics.median(r.get("comm_ms", 0.0) for r in rows)
+    return step, tok, comm
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--keel", default="build/keel")
+    ap.add_argument("--configs", nargs="+", default=["small", "medium"], choices=list(SHAPES))
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--skip", type=int, default=3, help="logged steps left out at the start")
+    ap.add_argument("--cores", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    print("| model | ranks x micro-batch | threads per rank | step ms (median) | tokens/s | "
+          "all-reduce ms | all-reduce share |")
+    print("|---|---|---|---|---|---|---|")
+    for shape in args.configs:
+        results = {1: [], 2: []}
+        for _ in range(args.reps):
+            for ranks in (1, 2):
+                results[ranks].append(run(args.keel, shape, ranks, args.cores, args.skip))
+        for ranks in (1, 2):
+            step = statistics.median(r[0] for r in results[ranks])
+            tok = statistics.median(r[1] for r in results[ranks])
+            comm = statistics.median(r[2] for r in results[ranks])
+            batch = SHAPES[shape]["batch"] // ranks
+            share = f"{100 * comm / step:.1f} %" if ranks > 1 else "—"
+            comm_cell = f"{comm:.2f}" if ranks > 1 else "—"
+            print(f"| {shape} | {ranks} x {batch} | {max(1, args.cores // ranks)} | {step:.1f} | "
+                  f"{tok:.0f} | {comm_cell} | {share} |")
+
+
+if __name__ == "__main__":
+    main()
