@@ -26,18 +26,6 @@ std::string tiny_args(const ScratchDir& d, int micro_batch, int steps) {
          " --set run.max_steps=" + std::to_string(steps) + " --set checkpoint.every_steps=0";
 }
 
-CommandResult run_shell(const std::string& command) {
-  CommandResult result;
-  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) result.output.append(buf, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
-
 std::string fmt_step(int64_t step) {
   char name[16];
   std::snprintf(name, sizeof name, "%08lld", static_cast<long long>(step));
@@ -178,15 +166,9 @@ TEST(DistIntegration, ARankThatDiesEndsTheJobNamingIt) {
 // checkpoint together and exit.
 TEST(DistIntegration, SigtermToTheLauncherCheckpointsOnceOnEveryRank) {
   ScratchDir d("dist_sigterm");
-  const std::string cmd = std::string(KEEL_BINARY) + " launch --nproc 2 -- " +
-                          tiny_args(d, 8, 100000) + " > " + d.str() + "/log 2>&1 & echo $!";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  int pid = 0;
-  ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);
-  pclose(p);
-  for (int i = 0; i < 600 && !std::filesystem::exists(d.path() / "metrics.jsonl"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int pid = start_keel_training("launch --nproc 2 -- " + tiny_args(d, 8, 100000), d.path(),
+                                      d.path() / "log");
+  ASSERT_GT(pid, 0);
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   for (int i = 0; i < 600 && ::kill(pid, 0) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -3,10 +3,12 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,10 +23,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-inline CommandResult run_keel(const std::string& args) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
+// A shell command line, run to its end.
+inline CommandResult run_shell(const std::string& command) {
   CommandResult result;
-  std::FILE* pipe = popen(cmd.c_str(), "r");
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (!pipe) return result;
   char buf[4096];
   size_t n;
@@ -32,6 +34,28 @@ inline CommandResult run_keel(const std::string& args) {
   int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+inline CommandResult run_keel(const std::string& args) {
+  return run_shell(std::string(KEEL_BINARY) + " " + args);
+}
+
+// Starts keel in the background with its output in `log`, and waits until it trains (run_dir has
+// a metrics line) and half a second more. Returns its pid (not a child of ours: poll it with
+// kill(pid, 0)), or 0 when it could not be started.
+inline int start_keel_training(const std::string& args, const std::filesystem::path& run_dir,
+                               const std::filesystem::path& log) {
+  const std::string cmd =
+      std::string(KEEL_BINARY) + " " + args + " > " + log.string() + " 2>&1 & echo $!";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  int pid = 0;
+  if (std::fscanf(p, "%d", &pid) != 1) pid = 0;
+  pclose(p);
+  for (int i = 0; i < 600 && !std::filesystem::exists(run_dir / "metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return pid;
 }
 
 inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {

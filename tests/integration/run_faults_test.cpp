@@ -107,15 +107,9 @@ TEST(PreemptionIntegration, SigtermCheckpointsAndResumes) {
       "train " + source_path("configs/tiny.yaml") + " --run-dir " + d.str() +
       " --set run.max_steps=100000 --set logging.progress=off"
       " --set eval.every_steps=0 --set eval.batches=1 --set schedule.warmup_steps=2";
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " > " + d.str() + "/log 2>&1 & echo $!";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  int pid = 0;
-  ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);
-  pclose(p);
-  // Wait until it trains (a metrics line exists), then preempt it.
-  for (int i = 0; i < 600 && !std::filesystem::exists(d.path() / "metrics.jsonl"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Once it trains, preempt it.
+  const int pid = start_keel_training(args, d.path(), d.path() / "log");
+  ASSERT_GT(pid, 0);
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   // The shell's child is not ours to waitpid: poll until it is gone.
   for (int i = 0; i < 600 && ::kill(pid, 0) == 0; ++i)
