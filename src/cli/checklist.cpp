@@ -110,8 +110,10 @@ std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t par
                     exact && near ? "" : ": exact or near dedup was switched off"));
     const double tails = report["length_filter"].value("drop_percentile_tails", 0.0);
     add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kWarn,
-        fmt::format("{} documents removed by length (tails {} %); the per-sample screen {}",
+        fmt::format("{} documents removed by length (tails {} %), {} by repetition; the "
+                    "per-sample screen {}",
                     report.value("removed_by_length", 0), tails,
+                    report.value("removed_by_repetition", 0),
                     st.screen.enabled ? "masks outlier samples in training"
                                       : "is off (stability.screen.enabled)"));
   }

@@ -47,6 +47,14 @@ void register_prepare(CLI::App& app, int& exit_code) {
   sub->add_option("--drop-percentile-tails", o->length.drop_percentile_tails,
                   "P: also remove the shortest and longest P percent (0 = off)")
       ->capture_default_str();
+  sub->add_option("--max-repeated-share", o->repetition.max_repeated_share,
+                  "remove documents whose bytes are more than this share repeats of their own "
+                  "earlier 32-byte spans (0 = off)")
+      ->capture_default_str();
+  sub->add_option("--max-top-char-share", o->repetition.max_top_char_share,
+                  "remove documents where one character is more than this share of the "
+                  "non-whitespace text (0 = off)")
+      ->capture_default_str();
   sub->add_option("--val-fraction", o->val_fraction,
                   "share of documents for the val split (0 = no val split)")
       ->capture_default_str();
@@ -85,8 +93,9 @@ void register_prepare(CLI::App& app, int& exit_code) {
     std::cout << "[data] " << o->output << ": " << report["documents_in"] << " documents in, "
               << report["exact_duplicates"] << " exact and " << report["near_duplicates"]
               << " near duplicates, " << report["removed_by_length"] << " removed by length, "
-              << report["documents_out"] << " documents / " << report["tokens_out"]
-              << " tokens out (report: " << o->output << "/report.txt)\n";
+              << report["removed_by_repetition"] << " by repetition, " << report["documents_out"]
+              << " documents / " << report["tokens_out"] << " tokens out (report: " << o->output
+              << "/report.txt)\n";
     exit_code = 0;
   });
 }

@@ -25,7 +25,7 @@ constexpr size_t kBlockDocs = 2048;
 constexpr size_t kBlockBytes = size_t{32} << 20;
 constexpr size_t kSpmTrainBytes = size_t{64} << 20;  // text kept for spm-train
 
-enum Status : uint8_t { kKept = 0, kExactDup = 1, kNearDup = 2 };
+enum Status : uint8_t { kKept = 0, kExactDup = 1, kNearDup = 2, kRepeated = 3, kOneChar = 4 };
 
 // Runs fn(i) for i in [0, n) on up to `threads` threads.
 template <class Fn>
@@ -105,9 +105,9 @@ std::string summary_text(const nlohmann::json& r) {
   auto line = [&](const std::string& k, const nlohmann::json& v) {
     s += fmt::format("  {:<20} {}\n", k, v.dump());
   };
-  for (const char* k :
-       {"documents_in", "exact_duplicates", "near_duplicates", "removed_by_length", "documents_out",
-        "tokens_out", "bytes_in", "invalid_records", "seconds", "mb_per_s", "mb_per_cpu_s"})
+  for (const char* k : {"documents_in", "exact_duplicates", "near_duplicates", "removed_by_length",
+                        "removed_by_repetition", "documents_out", "tokens_out", "bytes_in",
+                        "invalid_records", "seconds", "mb_per_s", "mb_per_cpu_s"})
     if (r.contains(k)) line(k, r[k]);
   const auto& lf = r["length_filter"];
   s += fmt::format(
@@ -115,6 +115,14 @@ std::string summary_text(const nlohmann::json& r) {
       "low_tail={} high_tail={}\n",
       lf["kept_range"].dump(), lf["removed"]["below_min"].dump(), lf["removed"]["above_max"].dump(),
       lf["removed"]["low_tail"].dump(), lf["removed"]["high_tail"].dump());
+  if (r.contains("repetition_filter")) {
+    const auto& rf = r["repetition_filter"];
+    s += fmt::format(
+        "repetition filter: removed repeated_spans={} (over {} of the bytes) one_character={} "
+        "(over {} of the characters)\n",
+        rf["removed"]["repeated_spans"].dump(), rf["max_repeated_share"].dump(),
+        rf["removed"]["one_character"].dump(), rf["max_top_char_share"].dump());
+  }
   s += "length histogram (bytes: documents, before filtering):\n";
   int64_t most = 1;
   for (const auto& b : lf["histogram"]) most = std::max(most, b["documents"].get<int64_t>());
@@ -142,6 +150,8 @@ PrepareOptions recommended_prepare_options() {
   PrepareOptions o;
   o.val_fraction = 0.02;
   o.length.drop_percentile_tails = 0.5;
+  o.repetition.max_repeated_share = 0.4;
+  o.repetition.max_top_char_share = 0.5;
   o.keep_whole = 0.1;
   return o;
 }
@@ -186,7 +196,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
   MinHasher hasher(mh);
   std::unique_ptr<NearDuplicateIndex> near;
   if (o.near_dedup) near = std::make_unique<NearDuplicateIndex>(mh);
-  int64_t exact_dups = 0, near_dups = 0, bytes_in = 0, invalid = 0;
+  int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0, bytes_in = 0, invalid = 0;
   std::string first_invalid;
   const bool train_spm = o.tokenizer.rfind("spm-train:", 0) == 0;
   std::string spm_text_path = o.output + "/.spm_train.txt";
@@ -198,10 +208,17 @@ nlohmann::json prepare(const PrepareOptions& o) {
     std::vector<Document> block;
     std::vector<uint64_t> hashes;
     std::vector<std::vector<uint32_t>> sigs;
+    std::vector<uint8_t> verdicts;
     while (read_block(reader, block)) {
       hashes.assign(block.size(), 0);
       sigs.assign(block.size(), {});
+      verdicts.assign(block.size(), kKept);
       parallel_for(block.size(), threads, [&](size_t i) {
+        const auto why = repetition_verdict(o.repetition, block[i].text);
+        if (!why.empty()) {
+          verdicts[i] = why == "one_character" ? kOneChar : kRepeated;
+          return;
+        }
         hashes[i] = normalized_hash(block[i].text);
         if (near) {
           auto shingles = shingle_set(block[i].text, mh.char_shingles, mh.shingle_size);
@@ -214,8 +231,10 @@ nlohmann::json prepare(const PrepareOptions& o) {
         if (file_first[f] < 0) file_first[f] = id;
         ++file_docs[f];
         lengths.push_back(static_cast<int64_t>(block[i].text.size()));
-        uint8_t s = kKept;
-        if (o.exact_dedup && !exact_seen.insert(hashes[i]).second) {
+        uint8_t s = verdicts[i];
+        if (s != kKept) {
+          ++(s == kOneChar ? one_char : repeated);
+        } else if (o.exact_dedup && !exact_seen.insert(hashes[i]).second) {
           s = kExactDup;
           ++exact_dups;
         } else if (near && !sigs[i].empty()) {
@@ -340,6 +359,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
       {"exact_duplicates", exact_dups},
       {"near_duplicates", near_dups},
       {"removed_by_length", length_filter.removed()},
+      {"removed_by_repetition", repeated + one_char},
       {"documents_out", docs_out},
       {"tokens_out", tokens_out},
       {"bytes_in", bytes_in},
@@ -358,6 +378,11 @@ nlohmann::json prepare(const PrepareOptions& o) {
         {"shingle_size", mh.shingle_size},
         {"candidates_checked", near ? near->candidates_checked() : 0}}},
       {"length_filter", length_filter.report()},
+      {"repetition_filter",
+       {{"max_repeated_share", o.repetition.max_repeated_share},
+        {"repeat_span_bytes", kRepeatSpan},
+        {"max_top_char_share", o.repetition.max_top_char_share},
+        {"removed", {{"repeated_spans", repeated}, {"one_character", one_char}}}}},
       {"packing",
        {{"seq_len", o.seq_len},
         {"boundary_id", boundary},
@@ -389,6 +414,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
                            {"exact_duplicates", exact_dups},
                            {"near_duplicates", near_dups},
                            {"removed_by_length", length_filter.removed()},
+                           {"removed_by_repetition", repeated + one_char},
                            {"documents_out", docs_out},
                            {"tokens_out", tokens_out}}},
                          {"inputs", inputs},

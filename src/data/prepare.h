@@ -32,6 +32,7 @@ struct PrepareOptions {
   bool near_dedup = true;
   MinHashConfig minhash;
   LengthRules length;
+  RepetitionRules repetition;
   double val_fraction = 0.0;     // share of kept documents in the val split
   int64_t seq_len = 1024;        // training window the data is packed for
   double keep_whole = 0.0;       // share of documents that fit a window started on a window
@@ -44,9 +45,12 @@ struct PrepareOptions {
 };
 
 // What `keel prepare` does unless told otherwise, following the seed: a val split (2 % of the
-// documents), length-tail filtering (the shortest and longest 0.5 %), and 10 % of the documents
+// documents), length-tail filtering (the shortest and longest 0.5 %), the repetition filter
+// (more than 40 % of the bytes repeated spans, or one character over half of the text), and 10 %
+// of the documents
 // that fit a window kept whole (started on a window boundary behind boundary tokens) instead of
-// split. Each is turned off with 0 (--val-fraction 0, --drop-percentile-tails 0, --keep-whole 0).
+// split. Each is turned off with 0 (--val-fraction 0, --drop-percentile-tails 0,
+// --max-repeated-share 0, --max-top-char-share 0, --keep-whole 0).
 // A default-constructed PrepareOptions does none of these (the library's plain form).
 PrepareOptions recommended_prepare_options();
 

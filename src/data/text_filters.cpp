@@ -1,9 +1,12 @@
 #include "data/text_filters.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "data/shard_format.h"
 
@@ -23,6 +26,70 @@ std::string normalize_text(std::string_view text) {
     out += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   }
   return out;
+}
+
+double repeated_share(std::string_view text) {
+  const size_t n = text.size();
+  if (n < 2 * kRepeatSpan) return 0.0;
+  // A polynomial rolling hash of every kRepeatSpan-byte window; a window seen before marks its
+  // bytes as repeated (a 64-bit hash collision would mark one window wrongly: negligible).
+  constexpr uint64_t kBase = 0x100000001b3ULL;
+  uint64_t drop = 1;  // kBase^(kRepeatSpan-1), to remove the byte leaving the window
+  for (size_t i = 1; i < kRepeatSpan; ++i) drop *= kBase;
+  std::unordered_set<uint64_t> seen;
+  seen.reserve(n);
+  uint64_t h = 0;
+  for (size_t i = 0; i < kRepeatSpan; ++i) h = h * kBase + static_cast<unsigned char>(text[i]);
+  size_t covered = 0, covered_until = 0;  // bytes [.., covered_until) already counted
+  for (size_t start = 0;; ++start) {
+    if (!seen.insert(h).second) {
+      const size_t from = std::max(start, covered_until), to = start + kRepeatSpan;
+      covered += to - from;
+      covered_until = to;
+    }
+    if (start + kRepeatSpan >= n) break;
+    h = (h - drop * static_cast<unsigned char>(text[start])) * kBase +
+        static_cast<unsigned char>(text[start + kRepeatSpan]);
+  }
+  return static_cast<double>(covered) / static_cast<double>(n);
+}
+
+double top_char_share(std::string_view text) {
+  std::array<int64_t, 128> ascii{};
+  std::unordered_map<uint32_t, int64_t> other;
+  int64_t total = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') continue;
+      ++ascii[c];
+    } else {
+      // A lead byte and its continuation bytes are one character; stray bytes count alone.
+      const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+      uint32_t code = c;
+      size_t j = 1;
+      for (; j < len && i + j < text.size() &&
+             (static_cast<unsigned char>(text[i + j]) & 0xC0) == 0x80;
+           ++j)
+        code = code << 8 | static_cast<unsigned char>(text[i + j]);
+      ++other[code];
+      i += j;
+    }
+    ++total;
+  }
+  if (total < kTopCharMinChars) return 0.0;
+  int64_t top = *std::max_element(ascii.begin(), ascii.end());
+  for (const auto& [code, count] : other) top = std::max(top, count);
+  return static_cast<double>(top) / static_cast<double>(total);
+}
+
+std::string_view repetition_verdict(const RepetitionRules& rules, std::string_view text) {
+  if (rules.max_top_char_share > 0 && top_char_share(text) > rules.max_top_char_share)
+    return "one_character";
+  if (rules.max_repeated_share > 0 && repeated_share(text) > rules.max_repeated_share)
+    return "repeated_spans";
+  return {};
 }
 
 uint64_t normalized_hash(std::string_view text) {

@@ -24,6 +24,33 @@ struct LengthRules {
                                      // percentile of the lengths that passed the hard bounds
 };
 
+// The repetition filter of `keel prepare`: documents that are mostly repeats of themselves — one
+// character over and over, a template pasted several times, a converter's loop — carry almost no
+// information, and a model learns them so fast that their loss stays low, below anything a
+// high-loss screen at training time catches. After Gopher's repetition rules (Rae et al. 2021),
+// measured on bytes so they hold for any language and for code.
+struct RepetitionRules {
+  double max_repeated_share = 0;  // remove when more than this share of the bytes repeats an
+                                  // earlier kRepeatSpan-byte span of the same document (0 = off)
+  double max_top_char_share = 0;  // remove when one character is more than this share of the
+                                  // non-whitespace characters (0 = off)
+};
+
+// Spans shorter than this are the vocabulary of ordinary text (a repeated phrase or name).
+inline constexpr size_t kRepeatSpan = 32;
+// One character dominating a shorter text is a rule line or an emphasis, not a broken document.
+inline constexpr int64_t kTopCharMinChars = 32;
+
+// The share of `text`'s bytes covered by a kRepeatSpan-byte span that occurred earlier in it
+// (overlaps included, so a run of one character counts whole); 0 for texts under 2 spans.
+double repeated_share(std::string_view text);
+// The share of the non-whitespace characters (UTF-8 code points) that are the most common one; 0
+// below kTopCharMinChars of them.
+double top_char_share(std::string_view text);
+
+// Why RepetitionRules remove `text`: "repeated_spans", "one_character", or empty to keep it.
+std::string_view repetition_verdict(const RepetitionRules& rules, std::string_view text);
+
 // Decides, for a whole corpus's lengths, which documents the rules remove.
 class LengthFilter {
  public:

@@ -64,6 +64,8 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
                                          std::min(cfg.screen.min_samples, kMaxScreenWindow),
                                          kMaxScreenWindow)),
       warmup_steps_(std::max<int64_t>(warmup_steps, 0)),
+      screen_masked_(cfg.median_window),
+      screen_samples_(cfg.median_window),
       scale_drops_(cfg.median_window) {
   cfg_.recovery.steps = config::recovery_steps(cfg_, max_steps);
   cfg_.rollback.stuck_steps = config::stuck_steps(cfg_.rollback, max_steps);
@@ -338,10 +340,14 @@ Decision Guard::observe(const StepSignals& s) {
   return d;
 }
 
-// The first masked step after a quiet spell warns, with what it saw and where to look; every
-// masked step gets a `screen` event (the trainer adds the sample ids).
+// Every masked step gets a `screen` event (the trainer adds the sample ids). A warning, with what
+// it saw and where to look, comes when the screen masks more than the natural tail explains
+// (kScreenTailSamples, kScreenTailShare) and it has not warned within median_window steps.
 void Guard::watch_screen(const StepSignals& s, Decision& d) {
-  if (s.masked_losses.empty() || !s.screen_threshold) return;
+  if (!s.screen_threshold) return;
+  screen_masked_.push(static_cast<double>(s.masked_losses.size()));
+  screen_samples_.push(static_cast<double>(s.samples));
+  if (s.masked_losses.empty()) return;
   const double median = sample_losses_.median();
   const double worst = *std::max_element(s.masked_losses.begin(), s.masked_losses.end());
   nlohmann::json detail = {{"masked", s.masked_losses.size()},
@@ -350,18 +356,26 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
                            {"median", median},
                            {"max_loss", worst}};
   if (open_) detail["incident"] = open_->id;
-  const bool quiet_before =
-      last_screen_step_ < 0 || s.step - last_screen_step_ > cfg_.median_window;
   last_screen_step_ = s.step;
-  if (quiet_before) {
+  const auto masked_recently = static_cast<int64_t>(screen_masked_.sum());
+  const auto tail_allowance = std::max<int64_t>(
+      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * screen_samples_.sum()));
+  const bool quiet_before =
+      last_screen_warn_step_ < 0 || s.step - last_screen_warn_step_ > cfg_.median_window;
+  if (masked_recently > tail_allowance && quiet_before) {
+    last_screen_warn_step_ = s.step;
     nlohmann::json warn = detail;
     warn["signal"] = "screen";
+    warn["masked_recently"] = masked_recently;
+    warn["tail_allowance"] = tail_allowance;
     warn["message"] = fmt::format(
-        "{} of {} samples had a loss above {:.3f} ({:.1f}x the median per-sample loss {:.3f}; "
-        "worst {:.3f}): masked out of the update and set aside in quarantine.jsonl; look at those "
-        "samples' source (a corrupt shard, a broken converter, one site's crawl)",
-        s.masked_losses.size(), s.samples, *s.screen_threshold, *s.screen_threshold / median,
-        median, worst);
+        "the screen masked {} samples in the last {} steps, more than the {} a natural tail of "
+        "odd documents explains; this step {} of {} had a loss above {:.3f} ({:.1f}x the median "
+        "per-sample loss {:.3f}; worst {:.3f}). They were left out of the update and set aside in "
+        "quarantine.jsonl: look at those samples' source (a corrupt shard, a broken converter, one "
+        "site's crawl)",
+        masked_recently, screen_masked_.size(), tail_allowance, s.masked_losses.size(), s.samples,
+        *s.screen_threshold, *s.screen_threshold / median, median, worst);
     d.events.push_back({"warn", std::move(warn)});
   }
   d.events.push_back({"screen", std::move(detail)});
@@ -552,6 +566,9 @@ nlohmann::json Guard::state() const {
           {"last_rate_warn_step", last_rate_warn_step_},
           {"last_periodic_warn_step", last_periodic_warn_step_},
           {"last_screen_step", last_screen_step_},
+          {"last_screen_warn_step", last_screen_warn_step_},
+          {"screen_masked", screen_masked_.state()},
+          {"screen_samples", screen_samples_.state()},
           {"applied_any", applied_any_},
           {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
           {"scale_drops", scale_drops_.state()},
@@ -587,6 +604,13 @@ void Guard::load_state(const nlohmann::json& st) {
   last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
   last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
   last_screen_step_ = st.value("last_screen_step", int64_t{-1});
+  last_screen_warn_step_ = st.value("last_screen_warn_step", last_screen_step_);
+  screen_masked_.clear();
+  screen_samples_.clear();
+  if (st.contains("screen_masked")) {
+    screen_masked_.load_state(st.at("screen_masked"));
+    screen_samples_.load_state(st.at("screen_samples"));
+  }
   applied_any_ = st.value("applied_any", !grad_norms_.empty());
   last_loss_scale_.reset();
   if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())

@@ -200,7 +200,9 @@ class Guard {
   int64_t last_rate_warn_step_ = -1;
   int64_t last_periodic_warn_step_ = -1;
   int64_t last_screen_step_ = -1;  // the last step the screen masked a sample in
-  bool applied_any_ = false;       // fp16 start-up: overflows before the first update calibrate
+  int64_t last_screen_warn_step_ = -1;
+  RunningWindow screen_masked_, screen_samples_;  // per step while the screen is on: masked, seen
+  bool applied_any_ = false;  // fp16 start-up: overflows before the first update calibrate
   std::optional<double> last_loss_scale_;
   RunningWindow scale_drops_;
   std::optional<Incident> open_;
@@ -229,6 +231,12 @@ inline constexpr double kAttentionTrendWeight = 0.3;
 inline constexpr double kModelWorse = 1.1;
 // The screen's per-sample baseline holds at most this many samples (the most recent).
 inline constexpr int64_t kMaxScreenWindow = 4096;
+// Natural text has a thin tail of samples far above the median (ASCII art, hex dumps, keyboard
+// mash): the screen masks them one at a time, and that is information, not a warning. It warns
+// when it masks more within median_window steps than such a tail explains: more than
+// kScreenTailSamples, and more than kScreenTailShare of the samples seen in that window.
+inline constexpr int64_t kScreenTailSamples = 4;
+inline constexpr double kScreenTailShare = 0.005;
 // An incident closes after this many updates in a row with no alarm and no sample screened out:
 // training has made progress on clean data again.
 inline constexpr int64_t kIncidentQuietSteps = 20;

@@ -46,6 +46,33 @@ Planted planted_corpus() {
   return p;
 }
 
+// The recommended options remove documents that repeat themselves (a character run, a template
+// pasted over and over) and keep ordinary text, and the report says which rule removed how many.
+TEST(Prepare, TheRepetitionFilterRemovesSelfRepeatingDocuments) {
+  ScratchDir dir("prepare_repetition");
+  std::mt19937_64 rng(8);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 60; ++i) docs.push_back(testing::join(testing::random_words(rng, 80)));
+  for (int i = 0; i < 5; ++i) docs.push_back(std::string(200 + 40 * i, "=-*#~"[i]));
+  const std::string nav =
+      "<ul><li><a href=\"/\">Home</a></li><li><a href=\"/about\">About</a></li>";
+  for (int i = 0; i < 4; ++i)
+    docs.push_back(nav + " id=" + std::to_string(i) + " " + nav + " id=" + std::to_string(i + 9));
+  PrepareOptions o = recommended_prepare_options();
+  o.length.drop_percentile_tails = 0;
+  o.val_fraction = 0;
+  o.seq_len = 64;
+  auto r = testing::prepare_docs(dir, docs, o);
+  EXPECT_EQ(r["removed_by_repetition"], 9);
+  EXPECT_EQ(r["repetition_filter"]["removed"]["one_character"], 5);
+  EXPECT_EQ(r["repetition_filter"]["removed"]["repeated_spans"], 4);
+  EXPECT_EQ(r["documents_out"], 60);
+  o.repetition = {};  // off: all of them stay
+  auto kept = testing::prepare_docs(ScratchDir("prepare_repetition_off"), docs, o);
+  EXPECT_EQ(kept["removed_by_repetition"], 0);
+  EXPECT_EQ(kept["documents_out"], 69);
+}
+
 TEST(Prepare, RemovesExactlyThePlantedDuplicatesAndOutliers) {
   ScratchDir dir("prepare_planted");
   auto p = planted_corpus();

@@ -347,24 +347,48 @@ TEST(Guard, ScreenedSamplesWarnOnceThenReportAndAllMaskedSkips) {
   Guard g(test_config(), {"a"});
   int64_t step = warm(g);
   StepSignals s = signals(step, 1.0, 2.0, {1.0});
-  s.samples = 4;
-  s.kept_losses = {2.0, 2.0};
+  s.samples = 8;
+  s.kept_losses = {2.0, 2.0, 2.0, 2.0, 2.0, 2.0};
   s.masked_losses = {9.0, 8.0};
   s.screen_threshold = 4.0;
+  // Two odd samples are the tail of natural data: masked and reported, not a warning.
   Decision d = g.observe(s);
-  EXPECT_EQ(d.action, Action::kApply);  // the kept half trains
+  EXPECT_EQ(d.action, Action::kApply);  // the kept samples train
+  ASSERT_EQ(kinds(d), std::vector<std::string>{"screen"});
+  EXPECT_EQ(d.events[0].detail["masked"], 2);
+  // Three more in the next step: five within the window is more than the tail explains.
+  s.step = ++step;
+  s.kept_losses = {2.0, 2.0, 2.0, 2.0, 2.0};
+  s.masked_losses = {9.0, 8.0, 7.0};
+  d = g.observe(s);
   ASSERT_EQ(kinds(d), (std::vector<std::string>{"warn", "screen"}));
   EXPECT_EQ(d.events[0].detail["signal"], "screen");
+  EXPECT_EQ(d.events[0].detail["masked_recently"], 5);
+  EXPECT_EQ(d.events[0].detail["tail_allowance"], kScreenTailSamples);
   EXPECT_NE(d.events[0].detail["message"].get<std::string>().find("quarantine.jsonl"),
             std::string::npos);
-  EXPECT_EQ(d.events[1].detail["masked"], 2);
   s.step = ++step;
   s.kept_losses.clear();
-  s.masked_losses = {9, 9, 9, 9};
+  s.masked_losses = std::vector<double>(8, 9.0);
   d = g.observe(s);
   EXPECT_EQ(kinds(d), std::vector<std::string>{"screen"});  // no second warn right away
   EXPECT_EQ(d.action, Action::kSkip);
   EXPECT_EQ(d.skip_reason, "screened_out");
+}
+
+// One odd sample every few steps, for as long as the run lasts, is never a warning; the same
+// samples arriving together are.
+TEST(Guard, AThinTailOfOddSamplesNeverWarns) {
+  Guard g(test_config(), {"a"});
+  int64_t step = warm(g);
+  for (int i = 0; i < 400; ++i) {
+    StepSignals s = signals(++step, 1.0, 2.0, {1.0});
+    s.samples = 16;
+    s.screen_threshold = 4.0;
+    s.kept_losses.assign(i % 7 == 0 ? 15 : 16, 2.0);
+    if (i % 7 == 0) s.masked_losses = {5.0};
+    for (const auto& e : g.observe(s).events) ASSERT_NE(e.kind, "warn") << i;
+  }
 }
 
 // fp16: start-up overflows are the scaler calibrating, not NaN incidents; later, repeated drops
