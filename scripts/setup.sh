@@ -9,6 +9,12 @@ set -euo pipefail
 
 TORCH_VERSION="2.11.0"   # pinned; the GPU machine runs the same release
 NUMPY_VERSION="2.3.5"
+TENSORBOARD_VERSION="2.21.0"   # tests/tools/read_tensorboard.py reads keel's event files with it
+# tests/tools/hf_check.py loads `keel export`'s output with Hugging Face's own code.
+TRANSFORMERS_VERSION="5.23.0"
+SAFETENSORS_VERSION="0.8.0"
+TOKENIZERS_VERSION="0.23.3"
+SENTENCEPIECE_PY_VERSION="0.2.3"
 CACHE="${KEEL_CACHE:-$HOME/.cache/keel}"
 VENV="$CACHE/torch-$TORCH_VERSION"
 
@@ -16,7 +22,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config python3-venv
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev fortunes
-  clang-format
+  clang-format chromium-headless-shell
 )
 
 log() { echo "[setup] $*" >&2; }
@@ -39,5 +45,17 @@ if [ ! -f "$stamp" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" >&2
   touch "$stamp"
+fi
+# Python packages the tests read keel's output with (tests/tools/), each pinned, in the same
+# environment. A stamp named by the versions, so that a machine set up before a package was added
+# (or before a version bump) installs it on its next run.
+PY_TEST_PACKAGES=("tensorboard==$TENSORBOARD_VERSION" "transformers==$TRANSFORMERS_VERSION"
+  "safetensors==$SAFETENSORS_VERSION" "tokenizers==$TOKENIZERS_VERSION"
+  "sentencepiece==$SENTENCEPIECE_PY_VERSION")
+py_stamp="$VENV/.keel-py-$(echo "${PY_TEST_PACKAGES[*]}" | tr ' =' '_-')"
+if [ ! -f "$py_stamp" ]; then
+  log "installing ${PY_TEST_PACKAGES[*]} into $VENV"
+  "$VENV/bin/pip" install -q --progress-bar off "${PY_TEST_PACKAGES[@]}" >&2
+  touch "$py_stamp"
 fi
 "$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'

@@ -21,6 +21,9 @@ void register_train(CLI::App& app, int& exit_code);
 void register_prepare(CLI::App& app, int& exit_code);
 void register_inspect(CLI::App& app, int& exit_code);
 void register_launch(CLI::App& app, int& exit_code);
+void register_report(CLI::App& app, int& exit_code);
+void register_sample(CLI::App& app, int& exit_code);
+void register_export(CLI::App& app, int& exit_code);
 
 // Shared by the subcommands: the embedded default config's text and display name.
 const std::string& embedded_default_config();

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   keel::cli::register_prepare(app, exit_code);
   keel::cli::register_inspect(app, exit_code);
   keel::cli::register_launch(app, exit_code);
+  keel::cli::register_report(app, exit_code);
+  keel::cli::register_sample(app, exit_code);
+  keel::cli::register_export(app, exit_code);
   try {
     app.parse(argc, argv);
     return exit_code;

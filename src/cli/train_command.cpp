@@ -1,5 +1,6 @@
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/hf_format.h"
 #include "cli/config_args.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -23,6 +24,19 @@ void register_train(CLI::App& app, int& exit_code) {
                   "a resume that is a recovery: `skip` sets the data consumed since the snapshot "
                   "aside (quarantine.jsonl), `replay` trains on it again")
       ->check(CLI::IsMember({"replay", "skip"}));
+  sub->add_option("--init-from", options->init_from,
+                  "start from the weights of a Hugging Face model directory (`keel export "
+                  "--format hf` writes one; its config.json must match the model section); a "
+                  "resume that finds a checkpoint uses the checkpoint's weights instead");
+  sub->footer(
+      "Examples:\n"
+      "  keel train                                       # the embedded default, on the CPU\n"
+      "  keel train configs/fortunes.yaml --run-dir runs/fortunes\n"
+      "  keel train configs/tiny.yaml --set run.max_steps=1000 --set optim.lr=1e-3\n"
+      "  keel train configs/tiny.yaml --run-dir runs/tiny --resume latest   # after a crash or "
+      "preemption\n"
+      "  keel train configs/tiny.yaml --run-dir runs/tiny --resume stable   # back to the stable "
+      "snapshot");
   sub->callback([args, options, &exit_code] {
     auto loaded = load(*args);
     config::ValidateOptions validate_options;
@@ -37,6 +51,7 @@ void register_train(CLI::App& app, int& exit_code) {
     const dist::LaunchEnv env = dist::launch_env();
     log::init(env.rank, env.world_size);
     const config::Config cfg = resolved(loaded);
+    if (!options->init_from.empty()) checkpoint::check_hf_config(options->init_from, cfg.model);
     options->local_rank = env.local_rank;
     const auto comm = dist::make_process_group(
         env, cfg.distributed, train::select_device(cfg.run.device, env.local_rank));

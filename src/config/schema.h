@@ -280,7 +280,8 @@ struct EvalConfig {
 
 struct LoggingConfig {
   int64_t every_steps = 10;
-  bool tensorboard = false;
+  bool tensorboard = false;                 // RUN_DIR/tensorboard/ event files
+  int64_t tensorboard_every_steps = kAuto;  // auto: every_steps; a multiple of every_steps
   Switch progress = Switch::kAuto;
   bool sample_ids = false;  // RUN_DIR/samples.jsonl: the sample ids of every step
   bool operator==(const LoggingConfig&) const = default;
@@ -490,6 +491,7 @@ template <class V>
 void visit(V& v, LoggingConfig& c) {
   v.field("every_steps", c.every_steps);
   v.field("tensorboard", c.tensorboard);
+  v.field("tensorboard_every_steps", c.tensorboard_every_steps, kAutoAllowed);
   v.field("progress", c.progress);
   v.field("sample_ids", c.sample_ids);
 }

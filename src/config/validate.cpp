@@ -298,10 +298,15 @@ void check_periodic(Checker& c, const Config& cfg) {
   c.at_least("eval.every_steps", cfg.eval.every_steps, 0);
   c.at_least("eval.batches", cfg.eval.batches, 1);
   c.at_least("logging.every_steps", cfg.logging.every_steps, 0);
-  if (cfg.logging.tensorboard)
-    c.error("logging.tensorboard",
-            "TensorBoard event files are not written yet (planned: issue 14); set it to false and "
-            "read RUN_DIR/metrics.jsonl");
+  c.auto_or_at_least("logging.tensorboard_every_steps", cfg.logging.tensorboard_every_steps, 1);
+  const int64_t log_every = std::max<int64_t>(cfg.logging.every_steps, 1);
+  const int64_t tb_every = cfg.logging.tensorboard_every_steps;
+  if (tb_every != kAuto && tb_every >= 1 && tb_every % log_every != 0)
+    c.error("logging.tensorboard_every_steps",
+            num(tb_every) + " is not a multiple of logging.every_steps (" + num(log_every) +
+                "): TensorBoard gets the metrics lines keel writes; use " +
+                num(std::max<int64_t>(tb_every / log_every, 1) * log_every) + " or " +
+                num((tb_every / log_every + 1) * log_every));
 }
 
 void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& run) {

@@ -118,6 +118,43 @@ class AttentionImpl : public torch::nn::Module {
     }
     return out;
   }
+  // Generation: x (B, T, C) at positions pos .. pos+T-1; the layer's cache (B, Hkv, pos, D) grows
+  // by T. Same arithmetic as forward, without the fused training kernels.
+  Tensor forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& k_cache,
+                        Tensor& v_cache, int64_t pos) {
+    const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
+    const auto qkv = model::linear(x, qkv_->weight, qkv_->bias);  // (B, T, (H + 2 Hkv) D)
+    auto parts = qkv.split({n_heads_ * D, n_kv_heads_ * D, n_kv_heads_ * D}, -1);
+    Tensor q = parts[0].view({B, T, n_heads_, D});     // (B, T, H, D)
+    Tensor k = parts[1].view({B, T, n_kv_heads_, D});  // (B, T, Hkv, D)
+    Tensor v = parts[2].view({B, T, n_kv_heads_, D});
+    if (q_norm_) {
+      q = q_norm_(q);
+      k = k_norm_(k);
+    }
+    if (cos.defined()) {  // the rotation of positions pos .. pos+T-1
+      const auto c = cos.narrow(0, pos, T), s = sin.narrow(0, pos, T);
+      q = apply_rope(q, c, s);
+      k = apply_rope(k, c, s);
+    }
+    q = q.transpose(1, 2).to(v.scalar_type());  // (B, H, T, D)
+    k = k.transpose(1, 2).to(v.scalar_type());  // (B, Hkv, T, D)
+    v = v.transpose(1, 2);
+    k_cache = k_cache.defined() ? torch::cat({k_cache, k}, 2) : k;  // (B, Hkv, pos+T, D)
+    v_cache = v_cache.defined() ? torch::cat({v_cache, v}, 2) : v;
+    const int64_t groups = n_heads_ / n_kv_heads_;
+    const auto keys = repeat_kv(k_cache, groups), values = repeat_kv(v_cache, groups);
+    Tensor y;      // (B, H, T, D)
+    if (T == 1) {  // the newest position sees every cached one
+      y = at::scaled_dot_product_attention(q, keys, values);
+    } else {  // position pos+i sees positions 0 .. pos+i
+      const auto allowed =
+          torch::ones({T, pos + T}, x.options().dtype(torch::kBool)).tril(pos);  // (T, pos+T)
+      y = at::scaled_dot_product_attention(q, keys, values, allowed);
+    }
+    return model::linear(y.transpose(1, 2).reshape({B, T, n_heads_ * D}), proj_->weight,
+                         proj_->bias);
+  }
   const Tensor& last_output_std() const { return last_std_; }  // () fp32 or undefined
   void set_record_stats(bool on) { record_stats_ = on; }
 
@@ -170,6 +207,11 @@ class BlockImpl : public torch::nn::Module {
   Tensor forward(Tensor x, const Tensor& cos, const Tensor& sin) {  // (B, T, C) -> (B, T, C)
     x = x + residual_dropout(attn_(attn_norm_(x), cos, sin), dropout_, is_training());
     return x + residual_dropout(mlp_(mlp_norm_(x)), dropout_, is_training());
+  }
+  Tensor forward_cached(Tensor x, const Tensor& cos, const Tensor& sin, Tensor& k_cache,
+                        Tensor& v_cache, int64_t pos) {
+    x = x + attn_->forward_cached(attn_norm_(x), cos, sin, k_cache, v_cache, pos);
+    return x + mlp_(mlp_norm_(x));
   }
   const Attention& attention() const { return attn_; }
   Attention& attention() { return attn_; }
@@ -264,6 +306,26 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   auto x = tok_emb_(tokens);  // (B, T, C)
   if (pos_emb_) x = x + pos_emb_(torch::arange(T, tokens.options().dtype(torch::kLong)));
   for (const auto& layer : *layers_) x = layer->as<BlockImpl>()->forward(x, rope_cos_, rope_sin_);
+  x = final_norm_.forward(x);
+  const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
+  return model::linear(x, head);                                      // (B, T, V)
+}
+
+torch::Tensor TransformerImpl::forward_cached(const torch::Tensor& tokens, KvCache& cache) {
+  const int64_t T = tokens.size(1), pos = cache.length;
+  if (pos + T > cfg_.seq_len) {
+    throw DataError("model: generating position " + std::to_string(pos + T - 1) +
+                    " is beyond model.seq_len=" + std::to_string(cfg_.seq_len) +
+                    "\nHINT: slide the context window (model::generate does)");
+  }
+  cache.k.resize(layers_->size());
+  cache.v.resize(layers_->size());
+  auto x = tok_emb_(tokens);  // (B, T, C)
+  if (pos_emb_) x = x + pos_emb_(torch::arange(pos, pos + T, tokens.options().dtype(torch::kLong)));
+  for (size_t i = 0; i < layers_->size(); ++i)
+    x = layers_[i]->as<BlockImpl>()->forward_cached(x, rope_cos_, rope_sin_, cache.k[i], cache.v[i],
+                                                    pos);
+  cache.length = pos + T;
   x = final_norm_.forward(x);
   const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
   return model::linear(x, head);                                      // (B, T, V)

@@ -23,12 +23,23 @@ struct LossOutput {
   torch::Tensor per_sample_objective;
 };
 
+// Keys and values of the positions a generation has seen, per layer (B, Hkv, T_seen, D), so each
+// new token costs one position's forward instead of the whole sequence's.
+struct KvCache {
+  std::vector<torch::Tensor> k, v;  // per layer; undefined before the first forward_cached
+  int64_t length = 0;               // positions cached
+};
+
 class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(const config::ModelConfig& cfg);
 
   // tokens (B, T) int64 -> logits (B, T, V)
   torch::Tensor forward(const torch::Tensor& tokens);
+  // Generation: tokens (B, T_new) at positions cache.length .. cache.length + T_new - 1 -> logits
+  // (B, T_new, V), appending their keys and values to `cache`. Inference only (call under
+  // NoGradGuard, in eval mode); cache.length + T_new must not exceed model.seq_len.
+  torch::Tensor forward_cached(const torch::Tensor& tokens, KvCache& cache);
   // inputs, targets (B, T) int64 -> losses; cross-entropy computed in fp32.
   LossOutput loss(const torch::Tensor& inputs, const torch::Tensor& targets);
 

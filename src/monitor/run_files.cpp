@@ -70,9 +70,14 @@ void write_record_file(const std::string& path, const std::string& text) {
                       (err != 0 ? std::strerror(err) : "short write"));
 }
 
-RunFiles RunFiles::open(const std::string& run_dir, bool writer, bool sample_ids) {
+RunFiles RunFiles::open(const std::string& run_dir, bool writer, bool sample_ids,
+                        int64_t tensorboard_every) {
   RunFiles files;
   if (writer) {
+    if (tensorboard_every > 0) {
+      files.tensorboard = TensorBoardWriter(run_dir + "/tensorboard");
+      files.tensorboard_every = tensorboard_every;
+    }
     files.metrics = JsonlFile(run_dir + "/metrics.jsonl");
     files.events = JsonlFile(run_dir + "/events.jsonl");
     files.eval = JsonlFile(run_dir + "/eval.jsonl");
@@ -80,6 +85,63 @@ RunFiles RunFiles::open(const std::string& run_dir, bool writer, bool sample_ids
     if (sample_ids) files.samples = JsonlFile(run_dir + "/samples.jsonl");
   }
   return files;
+}
+
+namespace {
+
+// Every number in `value` as a scalar under `tag` (objects descend: tag/key).
+void add_scalars(TensorBoardWriter& tb, const std::string& tag, int64_t step,
+                 const nlohmann::json& value) {
+  if (value.is_number()) {
+    tb.add_scalar(tag, step, value.get<double>());
+  } else if (value.is_boolean()) {
+    tb.add_scalar(tag, step, value.get<bool>() ? 1.0 : 0.0);
+  } else if (value.is_object()) {
+    for (const auto& [key, inner] : value.items()) add_scalars(tb, tag + "/" + key, step, inner);
+  }
+}
+
+void mirror_scalars(TensorBoardWriter& tb, const std::string& prefix, int64_t step,
+                    const JsonRecord& record) {
+  // The record's own text, parsed back: TensorBoard shows exactly the numbers the JSONL holds.
+  // Held in a local: a range-for over items() of a temporary dangles (before C++23).
+  const auto parsed = nlohmann::json::parse(record.str());
+  for (const auto& [key, value] : parsed.items())
+    if (key != "step") add_scalars(tb, prefix + key, step, value);
+  tb.flush();
+}
+
+}  // namespace
+
+void RunFiles::write_metrics(int64_t step, const JsonRecord& record) {
+  metrics.write(record);
+  if (tensorboard_every > 0 && step % tensorboard_every == 0)
+    mirror_scalars(tensorboard, "train/", step, record);
+}
+
+void RunFiles::write_eval(int64_t step, const JsonRecord& record) {
+  eval.write(record);
+  if (tensorboard_every > 0) mirror_scalars(tensorboard, "val/", step, record);
+}
+
+void RunFiles::write_event(int64_t step, const std::string& kind, const JsonRecord& record) {
+  events.write(record);
+  if (tensorboard_every == 0) return;
+  const auto j = nlohmann::json::parse(record.str());
+  const nlohmann::json detail = j.value("detail", nlohmann::json::object());
+  std::string text = "**" + kind + "** at step " + std::to_string(step);
+  if (detail.contains("message") && detail["message"].is_string())
+    text += ": " + detail["message"].get<std::string>();
+  // Indented four spaces: Markdown shows it verbatim.
+  text += "\n\n    " + detail.dump();
+  tensorboard.add_text("events/" + kind, step, text);
+  tensorboard.flush();
+}
+
+void RunFiles::replay_from(int64_t step) {
+  if (tensorboard_every == 0) return;
+  tensorboard.restart_at(step);
+  tensorboard.flush();
 }
 
 }  // namespace keel::monitor

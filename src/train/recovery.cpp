@@ -143,6 +143,7 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   }
   // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
   checkpointer->abandon_after(counters.step);
+  files.replay_from(counters.step + 1);
   const auto& saved = target->data.trainer_state;
   guard->rolled_back(counters.step, saved.contains("guard") ? saved.at("guard") : nlohmann::json());
   event("rollback", {{"from_step", from_step},

@@ -247,6 +247,7 @@ bool Trainer::State::resume() {
                       ": the config changes what a resume cannot honour:" + list);
   }
   restore(data, /*restore_data=*/true, /*restore_guard=*/true);
+  files.replay_from(counters.step + 1);
   log::info("ckpt", "resumed from {} at step {}", path->string(), counters.step);
   event("resume", {{"path", path->string()}, {"from_step", counters.step}, {"mode", which}});
   const config::ResumeRecovery on_resume = cfg.stability.recovery.on_resume;

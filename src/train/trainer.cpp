@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "checkpoint/file_io.h"
+#include "checkpoint/hf_format.h"
 #include "common/error.h"
 #include "common/host_allocator.h"
 #include "common/log.h"
@@ -105,7 +106,7 @@ void Trainer::State::event(const std::string& kind, const nlohmann::json& detail
   monitor::JsonRecord rec;
   rec.add("step", counters.step).add("kind", kind).add("iteration", counters.iteration);
   if (!detail.empty()) rec.add("detail", detail);
-  files.events.write(rec);
+  files.write_event(counters.step, kind, rec);
 }
 
 void Trainer::State::record_events(const guard::Decision& d) {
@@ -132,7 +133,9 @@ void Trainer::State::setup() {
                                resolved_yaml);
   }
   comm.barrier();
-  files = monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids);
+  files =
+      monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids,
+                              cfg.logging.tensorboard ? cfg.logging.tensorboard_every_steps : 0);
   if (comm.is_main()) history = RunHistory(run_dir, options.resume);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
@@ -156,6 +159,13 @@ void Trainer::State::setup() {
         "training collectives (an out-of-band store barrier is not built yet); set it to false");
   precision = cfg.run.precision;
   model = model::Transformer(cfg.model);
+  if (!options.init_from.empty()) {
+    const auto weights = checkpoint::read_hf_model(options.init_from, cfg.model);
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) item.value().copy_(weights.at(item.key()));
+    log::info("model", "initial weights from {} (--init-from){}", options.init_from,
+              options.resume.empty() ? "" : "; a checkpoint to resume from replaces them");
+  }
   model->to(device);  // parameters stay fp32: the master weights; autocast lowers the compute
 
   for (auto& item : model->named_parameters()) {
@@ -618,7 +628,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
     for (auto& [key, value] : statistics.items()) rec.add(key, value);
     if (guard->in_recovery(counters.step)) rec.add("recovery", true);
   }
-  files.metrics.write(rec);
+  files.write_metrics(counters.step, rec);
   for (auto& e : periodic) event(e.kind, e.detail);
 
   monitor::ProgressSample ps;
@@ -696,7 +706,7 @@ double Trainer::State::evaluate() {
   monitor::JsonRecord rec;
   rec.add("step", counters.step).add("val_loss", last_val_loss);
   if (loss_floor) rec.add("floor", *loss_floor);
-  files.eval.write(rec);
+  files.write_eval(counters.step, rec);
   // Eval time is not training time: keep it out of the next tokens/s figure.
   window.start += std::chrono::duration_cast<Clock::duration>(Clock::now() - eval_start);
   progress->finish();

@@ -24,6 +24,10 @@ struct TrainOptions {
   // newest checkpoint is trained on again (replay) or set aside in quarantine.jsonl (skip).
   std::string resume_data = "skip";  // replay | skip
   int local_rank = 0;                // several ranks on a host: this one's GPU
+  // A Hugging Face model directory (`keel export --format hf` writes one) whose weights replace
+  // the initial ones; its config.json must match the model section. A resume that finds a
+  // checkpoint loads the checkpoint's weights instead.
+  std::string init_from;
 };
 
 // run.device resolved: cuda (device `local_rank`) when asked for, or when auto and one is visible.

@@ -218,12 +218,7 @@ TEST(DistIntegration, AMissingVariableOrABusyPortExitsTwoNamingIt) {
 
 // torchrun --no-python starts keel directly; its agent hosts the store. Same losses as launch.
 TEST(DistIntegration, TorchrunStartsTheSameJob) {
-  std::string torchrun;
-  for (const char* base : {std::getenv("KEEL_CACHE"), std::getenv("HOME")}) {
-    if (!base) continue;
-    for (const char* rel : {"/torch-2.11.0/bin/torchrun", "/.cache/keel/torch-2.11.0/bin/torchrun"})
-      if (std::filesystem::exists(std::string(base) + rel)) torchrun = std::string(base) + rel;
-  }
+  const std::string torchrun = setup_env_program("torchrun");
   if (torchrun.empty()) GTEST_SKIP() << "torchrun not found in the set-up's environment";
   ScratchDir viaLaunch("dist_launch"), viaTorchrun("dist_torchrun");
   auto a = run_keel("launch --nproc 2 -- " + tiny_args(viaLaunch, 8, 20));

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -76,6 +77,18 @@ inline const std::string kQuickRun =
 
 inline std::string source_path(const std::string& relative) {
   return std::string(KEEL_SOURCE_DIR) + "/" + relative;
+}
+
+// A program of the Python environment scripts/setup.sh made ($KEEL_CACHE or ~/.cache/keel, in
+// torch-<version>/bin: python, torchrun), or empty when there is none.
+inline std::string setup_env_program(const std::string& name) {
+  for (const char* base : {std::getenv("KEEL_CACHE"), std::getenv("HOME")}) {
+    if (!base) continue;
+    for (const char* dir : {"/torch-2.11.0/bin/", "/.cache/keel/torch-2.11.0/bin/"})
+      if (std::filesystem::exists(std::string(base) + dir + name))
+        return std::string(base) + dir + name;
+  }
+  return "";
 }
 
 inline void write_file(const std::filesystem::path& path, const std::string& text) {

@@ -1,0 +1,186 @@
+// keel export CHECKPOINT_DIR --format hf --out DIR: a checkpoint as a Hugging Face model directory
+// that transformers' AutoModelForCausalLM and AutoTokenizer load (checkpoint/hf_format.h has the
+// mapping):
+//   model.safetensors       the weights under transformers' names, fp32, metadata {"format": "pt"}
+//   config.json             LlamaForCausalLM | Qwen3ForCausalLM (llama with qk_norm) |
+//                           GPT2LMHeadModel
+//   generation_config.json  the boundary token as eos (and bos)
+//   tokenizer files         from the prepared data the run trained on (data.path's meta.json,
+//                           data/hf_tokenizer.h); none for synthetic data, which has no text
+// CHECKPOINT_DIR is a step directory, a checkpoints directory or a run directory (then the
+// checkpoint LATEST names, with the usual fallback). model.safetensors and config.yaml are checked
+// against MANIFEST.json as they are read. DIR appears whole or not at all: everything is written
+// into DIR.tmp-<pid> first, then renamed.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf_format.h"
+#include "checkpoint/tensor_file.h"
+#include "cli/commands.h"
+#include "cli/trained_model.h"
+#include "common/error.h"
+#include "config/load.h"
+#include "data/hf_tokenizer.h"
+
+namespace keel::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ExportArgs {
+  std::string checkpoint;
+  std::string format;
+  std::string out;
+  std::string tokenizer_from;  // empty: the checkpoint's data.path
+  bool no_tokenizer = false;
+};
+
+// `name` of a checkpoint must be listed in MANIFEST.json with this size and hash.
+void check_digest(const fs::path& dir, const checkpoint::Manifest& manifest,
+                  const std::string& name, uint64_t size, const std::string& xxh3) {
+  auto it = manifest.files.find(name);
+  if (it == manifest.files.end())
+    throw CheckpointError((dir / "MANIFEST.json").string() + ": does not list " + name);
+  if (it->second.size != size || it->second.xxh3 != xxh3)
+    throw CheckpointError(
+        fmt::format("{}: size {} xxh3 {}, MANIFEST.json says size {} xxh3 {} (corrupt or modified)",
+                    (dir / name).string(), size, xxh3, it->second.size, it->second.xxh3));
+}
+
+void write_json(const fs::path& path, const nlohmann::json& j) {
+  checkpoint::write_new_file(path, j.dump(2) + "\n");
+}
+
+// DIR must not exist, or be an empty directory (rename replaces it).
+void check_out(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  if (fs::is_directory(out, ec) && fs::is_empty(out, ec)) return;
+  throw UserError("--out " + out.string() +
+                  " exists and is not an empty directory; HINT: remove it or pick another --out");
+}
+
+int export_hf(const ExportArgs& a) {
+  const fs::path dir = find_checkpoint_dir(a.checkpoint);
+  const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
+
+  const std::string yaml = checkpoint::read_file(dir / "config.yaml");
+  check_digest(dir, manifest, "config.yaml", yaml.size(), checkpoint::xxh3_hex_of(yaml));
+  const auto loaded = config::load_config_from_string(yaml, (dir / "config.yaml").string());
+  for (const auto& d : loaded.diagnostics)
+    if (d.severity == config::Diagnostic::Severity::kError && d.key.rfind("model", 0) == 0)
+      throw CheckpointError(d.format());
+  const config::Config& cfg = loaded.config;
+  const config::ModelConfig& m = cfg.model;
+  const std::string arch = checkpoint::hf_architecture(m);  // refuses what transformers lacks
+
+  checkpoint::FileDigest digest;
+  auto weights = checkpoint::read_safetensors(dir / "model.safetensors", &digest);
+  check_digest(dir, manifest, "model.safetensors", digest.size, checkpoint::xxh3_hex(digest.xxh3));
+  const auto tensors =
+      checkpoint::to_hf_tensors(weights.tensors, m, (dir / "model.safetensors").string());
+
+  // Where the tokenizer comes from: --tokenizer-from, else the data the run trained on.
+  std::string data_dir = a.tokenizer_from;
+  std::string no_tokenizer_reason;
+  if (a.no_tokenizer) {
+    no_tokenizer_reason = "--no-tokenizer";
+  } else if (data_dir.empty()) {
+    if (cfg.data.source == config::DataSource::kSynthetic) {
+      no_tokenizer_reason =
+          "the run trained on synthetic data (data.source synthetic), which has no text";
+    } else {
+      data_dir = cfg.data.path;
+    }
+  }
+  std::error_code ec;
+  if (!data_dir.empty() && !fs::exists(fs::path(data_dir) / "meta.json", ec))
+    throw DataError(fmt::format(
+        "{}/meta.json: not found, so the tokenizer cannot be exported{}; HINT: pass "
+        "--tokenizer-from DATA_DIR (the dataset `keel prepare` wrote), or --no-tokenizer for the "
+        "weights alone",
+        data_dir, a.tokenizer_from.empty() ? " (data.path of the checkpoint's config)" : ""));
+
+  const fs::path out = fs::path(a.out).lexically_normal();
+  check_out(out);
+  const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
+  checkpoint::remove_tree(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw UserError("cannot create " + tmp.string() + ": " + ec.message());
+  try {
+    checkpoint::HfTokenIds ids;
+    std::optional<data::HfTokenizerFiles> tok;
+    if (!data_dir.empty()) {
+      tok = data::write_hf_tokenizer(data_dir, tmp, m.seq_len);
+      if (tok->eos_id >= m.vocab_size || tok->bos_id >= m.vocab_size)
+        throw DataError(fmt::format("{}: the tokenizer's ids reach {}, model.vocab_size is {}",
+                                    data_dir, std::max(tok->eos_id, tok->bos_id), m.vocab_size));
+      ids = {tok->bos_id, tok->eos_id};
+    }
+    checkpoint::write_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    write_json(tmp / "config.json", checkpoint::hf_config(m, ids));
+    write_json(tmp / "generation_config.json", checkpoint::hf_generation_config(ids));
+    checkpoint::fsync_dir(tmp);
+    if (::rename(tmp.c_str(), out.c_str()) != 0)
+      checkpoint::throw_io_error(out, "cannot rename " + tmp.string() + " to it", errno);
+    checkpoint::fsync_dir(fs::absolute(out).parent_path());
+
+    int64_t params = 0;
+    for (const auto& [name, t] : tensors) params += t.numel();
+    std::cout << fmt::format("exported step {} of {}\n  to {}: {} ({:.2f}M parameters, fp32)\n",
+                             manifest.step, fs::absolute(dir).lexically_normal().string(),
+                             out.string(), arch, params / 1e6)
+              << "  model.safetensors, config.json, generation_config.json\n";
+    if (tok) {
+      std::cout << fmt::format("  tokenizer ({}, from {}): {}\n", tok->kind, data_dir,
+                               fmt::join(tok->files, ", "));
+      if (!tok->note.empty()) std::cout << "  note: " << tok->note << "\n";
+    } else {
+      std::cout << "  no tokenizer files: " << no_tokenizer_reason
+                << "; feed token ids to the model directly\n";
+    }
+    std::cout << fmt::format(
+        "load it with: AutoModelForCausalLM.from_pretrained(\"{}\"){}\n", out.string(),
+        tok ? fmt::format(", AutoTokenizer.from_pretrained(\"{}\")", out.string()) : "");
+  } catch (...) {
+    checkpoint::remove_tree(tmp, ec);
+    throw;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void register_export(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ExportArgs>();
+  auto* sub = app.add_subcommand(
+      "export", "write a checkpoint as a Hugging Face transformers model directory");
+  sub->add_option("CHECKPOINT_DIR", args->checkpoint,
+                  "a step_N directory, a checkpoints directory or a run directory (LATEST)")
+      ->required();
+  sub->add_option("--format", args->format, "hf: Hugging Face transformers")
+      ->required()
+      ->check(CLI::IsMember({"hf"}));
+  sub->add_option("--out", args->out, "directory to write (must not exist, or be empty)")
+      ->required();
+  sub->add_option("--tokenizer-from", args->tokenizer_from,
+                  "prepared dataset whose tokenizer to export (default: the checkpoint's "
+                  "data.path)");
+  sub->add_flag("--no-tokenizer", args->no_tokenizer, "export the weights and config only");
+  sub->footer(
+      "example: keel export runs/tiny/checkpoints/step_00000400 --format hf --out tiny-hf\n"
+      "then in Python: AutoModelForCausalLM.from_pretrained(\"tiny-hf\"), "
+      "AutoTokenizer.from_pretrained(\"tiny-hf\")\n"
+      "start training from it again: keel train CONFIG --init-from tiny-hf\n");
+  sub->callback([args, &exit_code] { exit_code = export_hf(*args); });
+}
+
+}  // namespace keel::cli
