@@ -115,6 +115,10 @@ void register_inspect(CLI::App& app, int& exit_code) {
                   "a step_N directory, a checkpoints directory (LATEST), or a run directory (its "
                   "checkpoints, and what --resume latest|stable would load)")
       ->required();
+  sub->footer(
+      "Examples:\n"
+      "  keel inspect runs/tiny/checkpoints/step_00000400   # what it holds, whether it verifies\n"
+      "  keel inspect runs/tiny                             # what each --resume would load");
   sub->callback([dir, &exit_code] { exit_code = inspect(*dir); });
 }
 

@@ -203,9 +203,7 @@ void register_launch(CLI::App& app, int& exit_code) {
   auto grace = std::make_shared<double>(30.0);
   auto args = std::make_shared<std::vector<std::string>>();
   auto* sub = app.add_subcommand(
-      "launch",
-      "run N local ranks of a keel command over c10d (Gloo on CPU, NCCL on CUDA)\n"
-      "example: keel launch --nproc 2 -- train configs/tiny.yaml --set run.max_steps=100");
+      "launch", "run N local ranks of a keel command over c10d (Gloo on CPU, NCCL on CUDA)");
   sub->add_option("--nproc", *nproc, "ranks to start on this host")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -215,6 +213,12 @@ void register_launch(CLI::App& app, int& exit_code) {
                   "seconds the other ranks get to stop after one fails, before SIGKILL")
       ->capture_default_str();
   sub->add_option("command", *args, "the keel command each rank runs, after --")->required();
+  sub->footer(
+      "Examples:\n"
+      "  keel launch --nproc 2 -- train configs/tiny.yaml --set run.max_steps=100\n"
+      "  keel launch --nproc 8 -- train configs/gpt2-124m.yaml --run-dir runs/gpt2 --resume "
+      "latest\n"
+      "The same job under torchrun: torchrun --no-python --nproc_per_node 2 keel train CONFIG ...");
   sub->callback(
       [nproc, port, grace, args, &exit_code] { exit_code = launch(*nproc, *port, *args, *grace); });
 }

@@ -72,6 +72,13 @@ void register_prepare(CLI::App& app, int& exit_code) {
   sub->add_option("--threads", o->threads, "worker threads (0 = all cores)")->capture_default_str();
   sub->add_option("--seed", o->seed, "seed for MinHash, the split and keep-whole")
       ->capture_default_str();
+  sub->footer(
+      "Examples:\n"
+      "  keel prepare --input corpus/ --output data/corpus                  # byte tokenizer, "
+      "defaults\n"
+      "  keel prepare --input 'dumps/*.jsonl.zst' --output data/web --tokenizer spm-train:8000\n"
+      "  keel prepare --input /usr/share/games/fortunes --output data/fortunes --val-fraction "
+      "0.05");
   sub->callback([o, shingle, no_exact, no_near, &exit_code, sub] {
     log::init(0, 1);
     o->minhash.char_shingles = *shingle == "char";

@@ -32,6 +32,13 @@ void register_validate(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   sub->add_flag("--no-probe", *no_probe,
                 "skip the disk-write and matmul probes behind the checkpoint cost estimate");
+  sub->footer(
+      "Examples:\n"
+      "  keel validate                                   # the embedded default "
+      "(configs/tiny.yaml)\n"
+      "  keel validate configs/production-124m.yaml --world-size 8 --step-time 0.9\n"
+      "  keel validate configs/tiny.yaml --set optim.lr=1e-3 --print-config\n"
+      "Where the config's run directory exists, it also says what each --resume would load there.");
   sub->callback([args, print_config, world, step_time, no_probe, &exit_code] {
     auto loaded = load(*args);
     // Validation runs even when loading found errors, so every independent problem is
