@@ -1,13 +1,59 @@
 // `keel prepare`: raw text -> training shards (src/data/prepare.h does the work).
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "cli/commands.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "data/prepare.h"
+#include "monitor/progress.h"
 
 namespace keel::cli {
+
+namespace {
+
+// The progress line of a prepare: rewritten at most 5 times a second on a terminal, a log line
+// every 10 s otherwise (and at each pass's start).
+std::function<void(const data::PrepareProgress&)> prepare_progress_printer(
+    monitor::Progress& progress) {
+  struct Pace {
+    int pass = 0;
+    std::chrono::steady_clock::time_point shown, logged;
+  };
+  auto pace = std::make_shared<Pace>();
+  return [&progress, pace](const data::PrepareProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool new_pass = p.pass != pace->pass;
+    if (!new_pass && now - pace->shown < std::chrono::milliseconds(200)) return;
+    const bool log = new_pass || now - pace->logged >= std::chrono::seconds(10);
+    pace->pass = p.pass;
+    pace->shown = now;
+    if (log) pace->logged = now;
+    const double mb = static_cast<double>(p.bytes_read) / 1e6;
+    std::string line = fmt::format("pass {}/2 ({}) | {} documents | {:.1f} MB", p.pass,
+                                   p.pass == 1 ? "dedup, filters" : "tokenize, write",
+                                   monitor::format_count(static_cast<double>(p.documents)), mb);
+    if (p.bytes_total > 0) line += fmt::format(" of {:.1f} MB", p.bytes_total / 1e6);
+    if (p.seconds > 0) line += fmt::format(" | {:.1f} MB/s", mb / p.seconds);
+    if (p.pass == 2)
+      line += fmt::format(" | {} tokens | {} tok/s",
+                          monitor::format_count(static_cast<double>(p.tokens_out)),
+                          monitor::format_count(p.tokens_out / std::max(p.seconds, 1e-9)));
+    if (p.bytes_total > 0 && p.bytes_read > 0) {
+      const double left = std::max<double>(p.bytes_total - p.bytes_read, 0);
+      line += " | ETA " + monitor::format_duration(p.seconds / p.bytes_read * left) +
+              (p.pass == 1 ? " (pass 1)" : "");
+    }
+    progress.show("data", line, log);
+  };
+}
+
+}  // namespace
 
 void register_prepare(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<data::PrepareOptions>(data::recommended_prepare_options());
@@ -96,7 +142,10 @@ void register_prepare(CLI::App& app, int& exit_code) {
       for (const auto& r : opt->results()) command += " " + r;
     }
     o->command = command;
+    monitor::Progress progress(config::Switch::kAuto, true);
+    o->on_progress = prepare_progress_printer(progress);
     auto report = data::prepare(*o);
+    progress.finish();
     std::cout << "[data] " << o->output << ": " << report["documents_in"] << " documents in, "
               << report["exact_duplicates"] << " exact and " << report["near_duplicates"]
               << " near duplicates, " << report["removed_by_length"] << " removed by length, "

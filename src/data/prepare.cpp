@@ -197,13 +197,40 @@ nlohmann::json prepare(const PrepareOptions& o) {
   std::unique_ptr<NearDuplicateIndex> near;
   if (o.near_dedup) near = std::make_unique<NearDuplicateIndex>(mh);
   int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0, bytes_in = 0, invalid = 0;
+  int64_t tokens_out = 0;  // written in pass 2
   std::string first_invalid;
   const bool train_spm = o.tokenizer.rfind("spm-train:", 0) == 0;
   std::string spm_text_path = o.output + "/.spm_train.txt";
   std::ofstream spm_text;
   size_t spm_bytes = 0;
   if (train_spm) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
+  // Plain-text inputs are read byte for byte, so their sizes are pass 1's total; a compressed
+  // input's text size is only known once read.
+  int64_t pass1_total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f.path, ec);
+    const auto ext = fs::path(f.path).extension().string();
+    if (ec || ext == ".gz" || ext == ".zst") {
+      pass1_total = 0;
+      break;
+    }
+    pass1_total += static_cast<int64_t>(size);
+  }
+  auto report_progress = [&](int pass, const DocumentReader& reader, int64_t documents,
+                             int64_t total, std::chrono::steady_clock::time_point start) {
+    if (!o.on_progress) return;
+    PrepareProgress p;
+    p.pass = pass;
+    p.documents = documents;
+    p.bytes_read = reader.bytes_read();
+    p.bytes_total = total;
+    p.tokens_out = tokens_out;
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    o.on_progress(p);
+  };
   {
+    const auto pass_start = std::chrono::steady_clock::now();
     DocumentReader reader(files, o.input);
     std::vector<Document> block;
     std::vector<uint64_t> hashes;
@@ -261,6 +288,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
           }
         }
       }
+      report_progress(1, reader, static_cast<int64_t>(status.size()), pass1_total, pass_start);
     }
     bytes_in = reader.bytes_read();
     invalid = reader.invalid_records();
@@ -294,8 +322,9 @@ nlohmann::json prepare(const PrepareOptions& o) {
   if (o.val_fraction > 0)
     writers["val"] = std::make_unique<SplitWriter>(
         o.output, "val", token_bytes, tokenizer->vocab_size(), boundary, o.shard_tokens);
-  int64_t fill_tokens = 0, whole_docs = 0, long_docs = 0, tokens_out = 0, docs_out = 0;
+  int64_t fill_tokens = 0, whole_docs = 0, long_docs = 0, docs_out = 0;
   {
+    const auto pass_start = std::chrono::steady_clock::now();
     DocumentReader reader(files, o.input);
     std::vector<Document> block;
     std::vector<std::vector<uint32_t>> tokens;
@@ -335,6 +364,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
         ++docs_out;
       }
       id0 += static_cast<int64_t>(block.size());
+      report_progress(2, reader, id0, bytes_in, pass_start);
     }
   }
 

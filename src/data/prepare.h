@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -22,6 +23,16 @@
 #include "data/text_input.h"
 
 namespace keel::data {
+
+// Where a prepare is, after each block of documents: for a progress line.
+struct PrepareProgress {
+  int pass = 1;             // 1: dedup and filters; 2: tokenize and write
+  int64_t documents = 0;    // read in this pass
+  int64_t bytes_read = 0;   // of text, decompressed, in this pass
+  int64_t bytes_total = 0;  // the pass's total when known (pass 2: pass 1's count), else 0
+  int64_t tokens_out = 0;   // written so far (pass 2)
+  double seconds = 0;       // since the pass started
+};
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files, directories, globs
@@ -42,6 +53,8 @@ struct PrepareOptions {
   int threads = 0;  // 0 = hardware concurrency
   uint64_t seed = 1234;
   std::string command;  // the command line, recorded in meta.json
+  // Called after every block of documents, from the calling thread; may be empty.
+  std::function<void(const PrepareProgress&)> on_progress;
 };
 
 // What `keel prepare` does unless told otherwise, following the seed: a val split (2 % of the

@@ -640,6 +640,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   ps.tokens_per_s = tokens_per_s;
   ps.step_ms = step_ms;
   ps.loss_floor = loss_floor.value_or(-1.0);
+  ps.tokens_seen = samples * cfg.model.seq_len;
   progress->update(ps);
   window.reset();
 }

@@ -2,8 +2,10 @@
 // planted, boundary tokens sit at every document join, JSONL/gzip/zstd/separator inputs read,
 // keep-whole packing, the val split, SentencePiece training, and thread-count determinism.
 #include <gtest/gtest.h>
+
 #include <zlib.h>
 #include <zstd.h>
+#include <algorithm>
 
 #include "common/error.h"
 #include "data/shard_reader.h"
@@ -222,6 +224,40 @@ TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   EXPECT_EQ(r2["tokens_out"], r["tokens_out"]);
   o.tokenizer = "spm:" + (dir / "missing.model");
   EXPECT_THROW(testing::prepare_docs(again, docs, o), DataError);
+}
+
+// The progress callback sees pass 1 then pass 2, each in order; plain-text inputs give pass 1 its
+// total, and each pass ends with every byte read and (pass 2) every token the report counts.
+TEST(Prepare, ReportsProgressForBothPassesUpToTheReportsTotals) {
+  ScratchDir dir("prepare_progress");
+  const auto docs = testing::distinct_docs(5000, 3);  // three blocks of documents per pass
+  std::vector<PrepareProgress> seen;
+  PrepareOptions o = recommended_prepare_options();
+  o.seq_len = 64;
+  o.on_progress = [&](const PrepareProgress& p) { seen.push_back(p); };
+  const auto r = testing::prepare_docs(dir, docs, o);
+  ASSERT_GE(seen.size(), 6u);
+  const auto last_of_pass1 =
+      std::find_if(seen.begin(), seen.end(), [](const auto& p) { return p.pass == 2; }) - 1;
+  for (auto it = seen.begin(); it != seen.end(); ++it) {
+    if (it == seen.begin()) continue;
+    const auto& prev = *(it - 1);
+    if (it->pass == prev.pass) {
+      EXPECT_GT(it->documents, prev.documents);
+      EXPECT_GE(it->bytes_read, prev.bytes_read);
+      EXPECT_GE(it->tokens_out, prev.tokens_out);
+    } else {
+      EXPECT_EQ(prev.pass, 1);
+      EXPECT_EQ(it->pass, 2);
+    }
+  }
+  EXPECT_EQ(last_of_pass1->documents, 5000);
+  EXPECT_EQ(last_of_pass1->bytes_total, r["bytes_in"].get<int64_t>());
+  EXPECT_EQ(last_of_pass1->bytes_read, last_of_pass1->bytes_total);
+  EXPECT_EQ(last_of_pass1->tokens_out, 0);
+  EXPECT_EQ(seen.back().pass, 2);
+  EXPECT_EQ(seen.back().bytes_read, seen.back().bytes_total);
+  EXPECT_EQ(seen.back().tokens_out, r["tokens_out"].get<int64_t>());
 }
 
 }  // namespace

@@ -52,10 +52,14 @@ TEST(DeviceWindow, MedianOverTheLastNValues) {
   EXPECT_EQ(values[4].item<double>(), 100.0);
 }
 
-TEST(Progress, FormatsDurations) {
+TEST(Progress, FormatsDurationsAndCounts) {
   EXPECT_EQ(format_duration(12.4), "12s");
   EXPECT_EQ(format_duration(185), "3m05s");
   EXPECT_EQ(format_duration(3720), "1h02m");
+  EXPECT_EQ(format_count(950), "950");
+  EXPECT_EQ(format_count(12345), "12.3k");
+  EXPECT_EQ(format_count(4.56e6), "4.56M");
+  EXPECT_EQ(format_count(7.891e9), "7.89G");
 }
 
 }  // namespace
