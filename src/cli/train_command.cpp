@@ -39,17 +39,22 @@ void register_train(CLI::App& app, int& exit_code) {
       "snapshot");
   sub->callback([args, options, &exit_code] {
     auto loaded = load(*args);
+    // One process, or a rank of a job that torchrun, Slurm or `keel launch` started: the world
+    // size is known before validation, which checks the global batch it makes (a locked config's
+    // production.validated combinations included).
+    const dist::LaunchEnv env = dist::launch_env();
+    log::init(env.rank, env.world_size);
     config::ValidateOptions validate_options;
     validate_options.run_dir = options->run_dir;  // the free-space check looks where checkpoints go
+    validate_options.world_size = env.world_size;
     auto diagnostics = check(loaded, validate_options);
     int errors = print_diagnostics(diagnostics);
     if (errors > 0)
-      throw ConfigError(std::to_string(errors) +
-                        " config error(s); run `keel validate` for the list");
+      throw ConfigError(
+          std::to_string(errors) + " config error(s); run `keel validate" +
+          (env.world_size > 1 ? " --world-size " + std::to_string(env.world_size) : std::string()) +
+          "` for the list");
 
-    // One process, or a rank of a job that torchrun, Slurm or `keel launch` started.
-    const dist::LaunchEnv env = dist::launch_env();
-    log::init(env.rank, env.world_size);
     const config::Config cfg = resolved(loaded);
     if (!options->init_from.empty()) checkpoint::check_hf_config(options->init_from, cfg.model);
     options->local_rank = env.local_rank;

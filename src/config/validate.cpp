@@ -319,8 +319,8 @@ void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& 
     c.error("distributed.zero", "must be 0 or 1 (got " + num(d.zero) + ")");
   else if (d.zero == 1)
     c.error("distributed.zero",
-            "1 shards the optimizer state across ranks, but keel trains in one process so far "
-            "(many ranks over c10d: issue 13); set it to 0");
+            "1 (ZeRO-1: the optimizer state sharded across ranks) is not implemented yet (issue "
+            "13); every rank keeps the whole optimizer state; set it to 0");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {

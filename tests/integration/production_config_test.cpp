@@ -63,6 +63,17 @@ TEST(ProductionConfig, OffCombinationIsReportedWithTheValidatedRanges) {
                           "combination"),
             std::string::npos)
       << r.output;
+
+  // A rank of a 2-rank job (torchrun's variables) checks the same global batch before it joins
+  // the rendezvous: nothing listens on the port, and the refusal comes first.
+  ScratchDir dir("production_two_ranks");
+  auto t = run_shell(
+      "RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 " +
+      std::string(KEEL_BINARY) + " train " + kProduction + " --run-dir " + dir.str());
+  EXPECT_EQ(t.exit_code, 2) << t.output;
+  EXPECT_NE(t.output.find("global_batch=1024"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("keel validate --world-size 2"), std::string::npos) << t.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "metrics.jsonl")) << t.output;
 }
 
 }  // namespace
