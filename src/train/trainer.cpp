@@ -2,6 +2,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <ctime>
 #include <filesystem>
 
 #include "checkpoint/file_io.h"
@@ -107,6 +108,14 @@ void Trainer::State::event(const std::string& kind, const nlohmann::json& detail
   rec.add("step", counters.step).add("kind", kind).add("iteration", counters.iteration);
   if (!detail.empty()) rec.add("detail", detail);
   files.write_event(counters.step, kind, rec);
+  // A warning only in events.jsonl is a warning nobody reads: the console gets it too.
+  if (kind == "warn" && comm.is_main()) {
+    if (progress) progress->finish();
+    const auto message = detail.is_object() && detail.contains("message")
+                             ? detail["message"].get<std::string>()
+                             : detail.dump();
+    log::warn("guard", "step {}: {}", counters.step, message);
+  }
 }
 
 void Trainer::State::record_events(const guard::Decision& d) {
@@ -123,12 +132,55 @@ void Trainer::State::stop(const guard::Decision& d) {
   throw RunStopped(d.stop_message);
 }
 
+namespace {
+
+// A fresh start (no --resume) in a directory that holds an earlier run: that run's record and
+// checkpoints move to RUN_DIR/previous/<UTC time>/, so the new record starts empty instead of
+// interleaving with the old one, and nothing of the old run is lost.
+void set_earlier_run_aside(const fs::path& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir / "metrics.jsonl", ec) && !fs::exists(run_dir / "checkpoints", ec) &&
+      !fs::exists(run_dir / "events.jsonl", ec))
+    return;
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H-%M-%SZ", &tm);
+  fs::path aside = run_dir / "previous" / stamp;
+  for (int i = 2; fs::exists(aside, ec); ++i)
+    aside = run_dir / "previous" / (std::string(stamp) + "-" + std::to_string(i));
+  fs::create_directories(aside, ec);
+  if (ec) throw UserError("cannot create " + aside.string() + ": " + ec.message());
+  // Only what keel writes moves: a file the user keeps in the directory stays where it is.
+  static const char* const kRecord[] = {
+      "config.resolved.yaml", "metrics.jsonl",    "events.jsonl", "eval.jsonl",
+      "samples.jsonl",        "quarantine.jsonl", "starts.jsonl", "heartbeat",
+      "checkpoints",          "forensics",        "tensorboard",  "report.html"};
+  for (const char* name : kRecord) {
+    const fs::path entry = run_dir / name;
+    if (!fs::exists(fs::symlink_status(entry, ec))) continue;
+    fs::rename(entry, aside / name, ec);
+    if (ec)
+      throw UserError("cannot move " + entry.string() + " aside to " + aside.string() + ": " +
+                      ec.message() + "; HINT: pass --resume latest to continue that run, " +
+                      "or a new --run-dir");
+  }
+  log::warn("train",
+            "{} held an earlier run; it is moved to {} (pass --resume latest to continue a run "
+            "instead of starting again)",
+            run_dir.string(), aside.string());
+}
+
+}  // namespace
+
 void Trainer::State::setup() {
   run_dir = resolve_run_dir(cfg, options);
   if (comm.is_main()) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     if (ec) throw UserError("cannot create run directory " + run_dir + ": " + ec.message());
+    if (options.resume.empty()) set_earlier_run_aside(run_dir);
     monitor::write_record_file((fs::path(run_dir) / "config.resolved.yaml").string(),
                                resolved_yaml);
   }

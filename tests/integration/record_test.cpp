@@ -169,5 +169,29 @@ TEST(RecordIntegration, FullDiskForTheRecordStopsTheRunAndKeepsCheckpoints) {
   EXPECT_LT(metrics.back()["step"].get<int64_t>(), 2000);
 }
 
+// A fresh start in a directory that holds a run moves that run aside whole: the new metrics.jsonl
+// holds the new run alone, and the old record and checkpoints are under previous/<time>/.
+TEST(RecordIntegration, AFreshStartSetsTheEarlierRunAside) {
+  ScratchDir dir("fresh_again");
+  const std::string args = "train" + kQuickRun + " --run-dir " + dir.str() +
+                           " --set run.max_steps=6 --set checkpoint.every_steps=3";
+  ASSERT_EQ(run_keel(args).exit_code, 0);
+  std::ofstream(dir.path() / "notes.txt") << "the user's own file\n";
+  auto r = run_keel(args + " --set run.max_steps=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("held an earlier run"), std::string::npos) << r.output;
+  std::vector<int64_t> steps;
+  for (auto& m : read_jsonl(dir.path() / "metrics.jsonl")) steps.push_back(m["step"]);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  std::vector<std::filesystem::path> aside;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "previous"))
+    aside.push_back(e.path());
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_EQ(read_jsonl(aside[0] / "metrics.jsonl").size(), 6u);
+  EXPECT_TRUE(std::filesystem::exists(aside[0] / "checkpoints" / "step_00000006"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "checkpoints" / "step_00000006"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "notes.txt"));  // only keel's record moves
+}
+
 }  // namespace
 }  // namespace keel::testing
