@@ -512,7 +512,9 @@ def false_alarm_section(go, check, fortunes, args, raw):
     lines = ["## False alarms on clean data", "",
              "Clean runs under each config's defaults (only the seed and the data path set; "
              f"fortunes shortened to {args.fortunes_steps} steps, its cosine compressed with it). "
-             "A warning counts after warmup when its step is past the run's resolved warmup.", "",
+             "A warning counts after warmup when its step is past the run's resolved warmup. "
+             "Samples screened are the per-sample screen's masks (natural-tail samples set aside, "
+             "reported as `screen` info events; a warn only past the natural tail).", "",
              "| config | seeds | exit codes | warns (all) | warns after warmup | pauses | samples "
              "screened | final val |", "|---|---|---|---|---|---|---|---|"]
     for name in args.false_alarm_configs:
@@ -525,8 +527,10 @@ def false_alarm_section(go, check, fortunes, args, raw):
             config = os.path.join(ROOT, spec["config"]) if spec["config"] else None
             r = go(f"clean/{name.replace(' ', '_')}/{seed}", sets, config)
             raw[f"clean/{name}/{seed}"] = r
+            # Masked samples are not alarms: the screen sets aside a natural-tail sample now and
+            # then (a `screen` info event); only a warn or a pause counts as a false alarm.
             check(f"clean {name} seed {seed}", r["exit"] == 0 and r["warns_after_warmup"] == 0 and
-                  r["pauses"] == 0 and r["screened"] == 0,
+                  r["pauses"] == 0,
                   f"exit {r['exit']}, {r['warns_after_warmup']} warns after warmup, "
                   f"{r['pauses']} pauses, {r['screened']} screened")
             runs.append(r)
