@@ -194,6 +194,14 @@ Decision Guard::resolve(Decision d, double model_ratio) {
       std::isfinite(model_ratio) ? nlohmann::json(model_ratio) : nlohmann::json(nullptr);
   detail["diagnosis"] = model_worse ? "model" : "data";
   Incident& incident = *open_;
+  const double loss_median = losses_.median();
+  const bool norm_only = detail.value("reason", "") == "grad_norm" && loss_median > 0 &&
+                         s.loss <= kNormalLossRatio * loss_median;
+  norm_only_skips_ = !model_worse && norm_only ? norm_only_skips_ + 1 : 0;
+  if (norm_only_skips_ >= kGradScaleShiftSkips) {
+    accept_gradient_scale(s, d);
+    return d;
+  }
   if (!model_worse) {
     // The model is no worse than the snapshot a rollback would restore: drop the step instead.
     ++incident.skipped;
@@ -221,6 +229,52 @@ Decision Guard::resolve(Decision d, double model_ratio) {
   }
   count_unapplied(s, d);
   return d;
+}
+
+// Dropping the batch did not help: the next ones, different data, raised the same alarm on the
+// same weights while the loss stayed at its median. Skipping more data would stall the run
+// (and end it as stuck); the step is applied, clipping bounding it, and the grad-norm medians
+// restart from it, since the level they held is no longer the model's.
+void Guard::accept_gradient_scale(const StepSignals& s, Decision& d) {
+  const double norm_median = grad_norms_.median();
+  std::erase_if(d.events, [](const GuardEvent& e) { return e.kind == "pause"; });
+  d.events.push_back(
+      {"warn",
+       {{"signal", "grad_scale"},
+        {"grad_norm", s.grad_norm},
+        {"grad_norm_median", norm_median},
+        {"batches", norm_only_skips_},
+        {"loss", s.loss},
+        {"loss_median", losses_.median()},
+        {"incident", open_ ? nlohmann::json(open_->id) : nlohmann::json(nullptr)},
+        {"message",
+         fmt::format("the gradient norm stayed above {:.0f}x its median {:.3g} on {} different "
+                     "batches in a row while the loss stayed at its median and the model was no "
+                     "worse on clean data: the model's gradient scale moved, not the data. This "
+                     "step is applied (clipped) and the grad-norm median restarts from {:.3g}; "
+                     "if this recurs, look at the lr schedule (warmup length, peak lr)",
+                     cfg_.pause_factor, norm_median, norm_only_skips_, s.grad_norm)}}});
+  d.action = Action::kApply;
+  d.skip_reason.clear();
+  d.skip_ahead_steps = 0;
+  norm_only_skips_ = 0;
+  grad_norms_.clear();
+  for (auto& w : layer_norms_) w.clear();
+  absorb(s);
+}
+
+void Guard::absorb(const StepSignals& s) {
+  unapplied_in_a_row_ = 0;
+  applied_any_ = true;
+  grad_norms_.push(s.grad_norm);
+  losses_.push(s.loss);
+  clip_flags_.push(s.clipped ? 1.0 : 0.0);
+  for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
+    layer_norms_[i].push(s.layer_grad_norms[i]);
+  for (double v : s.kept_losses)
+    if (std::isfinite(v)) sample_losses_.push(v);
+  if (open_) open_->quiet = s.masked_losses.empty() ? open_->quiet + 1 : 0;
+  if (s.loss_scale) scale_drops_.push(0.0);
 }
 
 Decision Guard::observe(const StepSignals& s) {
@@ -282,13 +336,19 @@ Decision Guard::observe(const StepSignals& s) {
     return d;
   }
 
-  const bool baseline = baseline_ready();
+  const int64_t min_baseline = std::min(kMinBaselineSteps, cfg_.median_window);
+  const bool baseline = static_cast<int64_t>(losses_.size()) >= min_baseline;
+  const bool norm_baseline = static_cast<int64_t>(grad_norms_.size()) >= min_baseline;
   const double norm_median = grad_norms_.median();
   const double loss_median = losses_.median();
-  const double norm_ratio = baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
+  const double norm_ratio = norm_baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
   const double loss_ratio = baseline && loss_median > 0 ? s.loss / loss_median : 0.0;
 
-  const bool norm_pause = norm_ratio > cfg_.pause_factor;
+  // While the lr ramps up the gradient norm moves by design, by an order of magnitude when the
+  // model leaves its first plateau: against a median of a few warmup steps that is a warning, not
+  // grounds to stop (clipping bounds the update). The loss alarm, the screen and non-finite
+  // values act in warmup as after it.
+  const bool norm_pause = norm_ratio > cfg_.pause_factor && s.step >= warmup_steps_;
   // The loss alarm: loss_alarm_factor x its median, or a jump that the steadiness of the loss
   // makes unmistakable — kLossJumpRatio x its recent level and kLossJumpZ times its step-to-step
   // noise above it (a broken update can double the loss while the clipped gradient norm barely
@@ -312,6 +372,30 @@ Decision Guard::observe(const StepSignals& s) {
     detail["loss_median"] = loss_median;
     detail["loss_ratio"] = loss_ratio;
     if (open_) detail["incident"] = open_->id;
+    std::string layers;
+    for (const auto& l : detail["top_layers"])
+      layers += fmt::format("{}{} {:.1f}x", layers.empty() ? "" : ", ",
+                            l["layer"].get<std::string>(), l["ratio"].get<double>());
+    const std::string where =
+        detail["verdict"] == "global"
+            ? "most layers rose together: look at this step's data (forensics, quarantine.jsonl) "
+              "or the lr"
+            : "a few layers rose: look at those modules";
+    detail["message"] =
+        norm_ratio > cfg_.warn_factor
+            ? fmt::format(
+                  "gradient norm {:.3g} is {:.1f}x its running median {:.3g} (warns above "
+                  "{:.0f}x, pauses above {:.0f}x{}; loss {:.3f} against its median "
+                  "{:.3f}); top layers: {}; {}",
+                  s.grad_norm, norm_ratio, norm_median, cfg_.warn_factor, cfg_.pause_factor,
+                  s.step < warmup_steps_ ? " after the warmup" : "", s.loss, loss_median,
+                  layers.empty() ? "n/a" : layers, where)
+            : fmt::format(
+                  "loss {:.3f} is {:.2f}x its running median {:.3f} (recent level "
+                  "{:.3f}); gradient norm {:.3g} against its median {:.3g}; top layers: "
+                  "{}; {}",
+                  s.loss, loss_ratio, loss_median, loss_recent, s.grad_norm, norm_median,
+                  layers.empty() ? "n/a" : layers, where);
     d.events.push_back({"warn", detail});
   }
   if (norm_pause || loss_pause) {
@@ -324,18 +408,8 @@ Decision Guard::observe(const StepSignals& s) {
     return d;
   }
 
-  // Applied: the values join the baselines.
-  unapplied_in_a_row_ = 0;
-  applied_any_ = true;
-  grad_norms_.push(s.grad_norm);
-  losses_.push(s.loss);
-  clip_flags_.push(s.clipped ? 1.0 : 0.0);
-  for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
-    layer_norms_[i].push(s.layer_grad_norms[i]);
-  for (double v : s.kept_losses)
-    if (std::isfinite(v)) sample_losses_.push(v);
-  if (open_) open_->quiet = s.masked_losses.empty() ? open_->quiet + 1 : 0;
-  if (s.loss_scale) scale_drops_.push(0.0);
+  norm_only_skips_ = 0;
+  absorb(s);
   watch_rates(s, d);
   return d;
 }
@@ -559,6 +633,7 @@ nlohmann::json Guard::state() const {
           {"consecutive_nan", consecutive_nan_},
           {"consecutive_overflow", consecutive_overflow_},
           {"unapplied_in_a_row", unapplied_in_a_row_},
+          {"norm_only_skips", norm_only_skips_},
           {"rollbacks", rollbacks_},
           {"recovery_until", recovery_until_},
           {"recovery_announced", recovery_announced_},
@@ -597,6 +672,7 @@ void Guard::load_state(const nlohmann::json& st) {
   consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
   consecutive_overflow_ = st.value("consecutive_overflow", int64_t{0});
   unapplied_in_a_row_ = st.value("unapplied_in_a_row", int64_t{0});
+  norm_only_skips_ = st.value("norm_only_skips", int64_t{0});
   rollbacks_ = st.at("rollbacks").get<int64_t>();
   recovery_until_ = st.at("recovery_until").get<int64_t>();
   recovery_announced_ = st.at("recovery_announced").get<bool>();

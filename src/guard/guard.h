@@ -180,6 +180,11 @@ class Guard {
              Decision& d) const;
   // Counts a step attempt that applied nothing; past stuck_steps in a row the run stops.
   void count_unapplied(const StepSignals& s, Decision& d);
+  // The pending grad-norm alarm is the model's gradient scale, not the data: apply the step and
+  // restart the grad-norm baselines from it.
+  void accept_gradient_scale(const StepSignals& s, Decision& d);
+  // The values of an applied step join the baselines.
+  void absorb(const StepSignals& s);
 
   config::StabilityConfig cfg_;
   std::vector<std::string> layer_names_;
@@ -193,6 +198,7 @@ class Guard {
   int64_t consecutive_nan_ = 0;
   int64_t consecutive_overflow_ = 0;
   int64_t unapplied_in_a_row_ = 0;
+  int64_t norm_only_skips_ = 0;  // grad-norm pauses in a row, loss normal, dropped as data
   int64_t rollbacks_ = 0;
   int64_t recovery_until_ = -1;
   bool recovery_announced_ = true;
@@ -219,6 +225,11 @@ inline constexpr double kLossJumpZ = 10.0;
 inline constexpr int64_t kLossRecentSteps = 5;
 // Minimum samples in the window before an alarm can fire: a baseline of two values is no baseline.
 inline constexpr int64_t kMinBaselineSteps = 10;
+// A grad-norm alarm that repeats on this many different batches in a row, with the loss at its
+// median and the model no worse on clean data, is the model's gradient scale moving, not the data.
+inline constexpr int64_t kGradScaleShiftSkips = 3;
+// "The loss at its median": at most this factor above it.
+inline constexpr double kNormalLossRatio = 1.2;
 // Attention-output std this many times above or below its trend warns, after kDriftPersistence
 // log steps in a row (a lasting change, not one noisy reading).
 inline constexpr double kAttentionDriftFactor = 3.0;

@@ -509,6 +509,58 @@ TEST(Guard, ClipRateIsSilentDuringAndJustAfterWarmup) {
   EXPECT_EQ(first_warn, 50);  // warmup 30 + a window of 20
 }
 
+// Early in training the gradient norm jumps by an order of magnitude as the model leaves its
+// first plateau: during warmup that warns (with what it saw) but never pauses; after it, it does.
+TEST(Guard, AGradNormJumpInWarmupWarnsButDoesNotPause) {
+  Guard g(test_config(), {"a"}, /*warmup_steps=*/40);
+  int64_t step = warm(g);  // steps 0-19
+  Decision d = g.observe(signals(step, 30.0, 2.0, {30.0}));
+  EXPECT_EQ(d.action, Action::kApply);
+  ASSERT_EQ(kinds(d), (std::vector<std::string>{"warn"}));
+  const std::string message = d.events[0].detail["message"];
+  EXPECT_NE(message.find("30.0x its running median 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("after the warmup"), std::string::npos) << message;
+
+  Guard h(test_config(), {"a"}, /*warmup_steps=*/20);
+  step = warm(h);  // the warmup is over
+  EXPECT_EQ(h.observe(signals(step, 30.0, 2.0, {30.0})).action, Action::kPause);
+}
+
+// The same grad-norm alarm on different batches in a row, the loss at its median and the model
+// no worse on clean data: the model's gradient scale moved, not the data. Dropping batches would
+// stall the run until it stops as stuck; the third is applied and the median restarts from it.
+TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
+  Guard g(test_config(), {"a"});
+  int64_t step = warm(g);
+  auto high = [&](int64_t it) {
+    StepSignals s = signals(step, 30.0, 2.0, {30.0});
+    s.iteration = it;
+    return g.resolve(g.observe(s), /*model_ratio=*/1.0);
+  };
+  EXPECT_EQ(high(step).skip_reason, "data");
+  EXPECT_EQ(high(step + 1).skip_reason, "data");
+  Decision third = high(step + 2);
+  EXPECT_EQ(third.action, Action::kApply);
+  ASSERT_EQ(kinds(third), (std::vector<std::string>{"warn", "warn"}));  // the alarm, the verdict
+  EXPECT_EQ(third.events[1].detail["signal"], "grad_scale");
+  EXPECT_EQ(third.events[1].detail["batches"], 3);
+  // The new level is the baseline now: no alarm at it, and the loss alarm still works.
+  StepSignals next = signals(step + 1, 30.0, 2.0, {30.0});
+  next.iteration = step + 3;
+  EXPECT_EQ(g.observe(next).action, Action::kApply);
+  next.loss = 10.0;
+  EXPECT_EQ(g.observe(next).action, Action::kPause);
+
+  // A loss that rose with the norm is not a moved scale: the data keeps being dropped.
+  Guard h(test_config(), {"a"});
+  step = warm(h);
+  for (int64_t it = step; it < step + 5; ++it) {
+    StepSignals s = signals(step, 30.0, 2.6, {30.0});  // 1.3x the median loss
+    s.iteration = it;
+    EXPECT_EQ(h.resolve(h.observe(s), 1.0).skip_reason, "data") << it;
+  }
+}
+
 // Attention statistics grow while a model learns: a trend that follows them stays quiet, a jump
 // that lasts warns after kDriftPersistence log steps, and nothing warns during warmup.
 TEST(Guard, AttentionDriftFollowsTheTrendAndWarnsOnALastingJump) {
