@@ -3,11 +3,12 @@
 
 The same model and global batch trained three ways, alternating, --reps times:
   1 rank  x micro-batch 2B, run.threads = cores
-  2 ranks x micro-batch B (keel launch --nproc 2), run.threads = cores / 2 each, Gloo on loopback
-and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms` is the
-host time of the step's gradient all-reduce (metrics.jsonl), so its share of `step_ms` is what the
-second rank costs in communication. Gradients are all-reduced once after the backward pass (no
-overlap yet: buckets launched from autograd hooks are planned), so the share is the whole cost.
+  2 ranks x micro-batch B (keel launch --nproc 2), run.threads = cores / 2 each, Gloo on loopback,
+          with distributed.overlap true (gradient buckets all-reduced during the backward pass)
+          and false (one flat all-reduce after it)
+and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms`
+(metrics.jsonl) is the host time the step waited for the gradient all-reduce after the backward
+pass: with overlap, the part the backward pass did not hide.
 
   python3 bench/dist.py --keel build/keel                 # small and medium models (~4 min, 2 cores)
 """
@@ -25,7 +26,7 @@ SHAPES = {
 }
 
 
-def run(keel, shape, ranks, cores, skip):
+def run(keel, shape, ranks, cores, skip, extra=()):
     s = SHAPES[shape]
     with tempfile.TemporaryDirectory(prefix="keel-dist-") as tmp:
         sets = ["model.arch=llama", "model.vocab_size=256", f"model.d_model={s['d_model']}",
@@ -33,7 +34,7 @@ def run(keel, shape, ranks, cores, skip):
                 f"model.seq_len={s['seq_len']}", f"data.micro_batch_size={s['batch'] // ranks}",
                 f"run.max_steps={s['steps']}", "schedule.warmup_steps=1", "eval.every_steps=0",
                 "eval.batches=1", "logging.every_steps=1", "logging.progress=off",
-                f"run.threads={max(1, cores // ranks)}", "checkpoint.every_steps=0"]
+                f"run.threads={max(1, cores // ranks)}", "checkpoint.every_steps=0", *extra]
         cmd = [keel] + (["launch", "--nproc", str(ranks), "--"] if ranks > 1 else [])
         cmd += ["train", "--run-dir", os.path.join(tmp, "run")]
         for x in sets:
@@ -56,22 +57,24 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     args = ap.parse_args()
     print("| model | ranks x micro-batch | threads per rank | step ms (median) | tokens/s | "
-          "all-reduce ms | all-reduce share |")
+          "all-reduce wait ms | its share |")
     print("|---|---|---|---|---|---|---|")
+    ways = [("1 rank", 1, ()), ("2 ranks, overlap", 2, ("distributed.overlap=true",)),
+            ("2 ranks, no overlap", 2, ("distributed.overlap=false",))]
     for shape in args.configs:
-        results = {1: [], 2: []}
+        results = {name: [] for name, _, _ in ways}
         for _ in range(args.reps):
-            for ranks in (1, 2):
-                results[ranks].append(run(args.keel, shape, ranks, args.cores, args.skip))
-        for ranks in (1, 2):
-            step = statistics.median(r[0] for r in results[ranks])
-            tok = statistics.median(r[1] for r in results[ranks])
-            comm = statistics.median(r[2] for r in results[ranks])
+            for name, ranks, extra in ways:
+                results[name].append(run(args.keel, shape, ranks, args.cores, args.skip, extra))
+        for name, ranks, _ in ways:
+            step = statistics.median(r[0] for r in results[name])
+            tok = statistics.median(r[1] for r in results[name])
+            comm = statistics.median(r[2] for r in results[name])
             batch = SHAPES[shape]["batch"] // ranks
             share = f"{100 * comm / step:.1f} %" if ranks > 1 else "—"
             comm_cell = f"{comm:.2f}" if ranks > 1 else "—"
-            print(f"| {shape} | {ranks} x {batch} | {max(1, args.cores // ranks)} | {step:.1f} | "
-                  f"{tok:.0f} | {comm_cell} | {share} |")
+            print(f"| {shape} | {name}: {ranks} x {batch} | {max(1, args.cores // ranks)} | "
+                  f"{step:.1f} | {tok:,.0f} | {comm_cell} | {share} |")
 
 
 if __name__ == "__main__":

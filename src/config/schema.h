@@ -291,7 +291,8 @@ struct DistributedConfig {
   Backend backend = Backend::kAuto;
   double timeout_s = 600.0;
   double bucket_mb = 25.0;
-  int64_t zero = 0;  // 0|1
+  bool overlap = true;  // buckets all-reduced as the backward pass fills them
+  int64_t zero = 0;     // 0|1
   bool operator==(const DistributedConfig&) const = default;
 };
 
@@ -500,6 +501,7 @@ void visit(V& v, DistributedConfig& c) {
   v.field("backend", c.backend);
   v.field("timeout_s", c.timeout_s);
   v.field("bucket_mb", c.bucket_mb);
+  v.field("overlap", c.overlap);
   v.field("zero", c.zero);
 }
 template <class V>

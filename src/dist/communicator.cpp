@@ -8,4 +8,16 @@ void Communicator::all_reduce_mean_(std::vector<torch::Tensor>& tensors) {
   torch::_foreach_div_(tensors, static_cast<double>(world_size()));
 }
 
+namespace {
+struct DoneWork final : PendingWork {
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingWork> Communicator::all_reduce_sum_async_(torch::Tensor flat) {
+  std::vector<torch::Tensor> one{std::move(flat)};
+  all_reduce_sum_(one);
+  return std::make_unique<DoneWork>();
+}
+
 }  // namespace keel::dist

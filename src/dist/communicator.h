@@ -11,6 +11,13 @@
 
 namespace keel::dist {
 
+// A collective in flight: wait() returns once it is done (or throws DistError past the timeout).
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -26,6 +33,10 @@ class Communicator {
   // Every rank's `tensor` (the same shape on each), concatenated along dim 0 in rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  // Starts an in-place sum of `flat` across ranks and returns at once, so the caller can go on
+  // computing while it runs (gradient buckets during the backward pass). Every rank must start
+  // the same collectives in the same order. The default runs it to completion here.
+  virtual std::unique_ptr<PendingWork> all_reduce_sum_async_(torch::Tensor flat);
 
   // Averages gradients in place: sum then divide by world size.
   void all_reduce_mean_(std::vector<torch::Tensor>& tensors);

@@ -91,8 +91,23 @@ class ProcessGroupComm final : public Communicator {
     opts.timeout = timeout_;
     wait(pg_->barrier(opts), "barrier");
   }
+  std::unique_ptr<PendingWork> all_reduce_sum_async_(torch::Tensor flat) override {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = timeout_;
+    std::vector<at::Tensor> one{std::move(flat)};
+    return std::make_unique<Pending>(*this, pg_->allreduce(one, opts));
+  }
 
  private:
+  struct Pending final : PendingWork {
+    Pending(ProcessGroupComm& comm, c10::intrusive_ptr<c10d::Work> work)
+        : comm(comm), work(std::move(work)) {}
+    void wait() override { comm.wait(work, "all_reduce (gradient bucket)"); }
+    ProcessGroupComm& comm;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
   void all_reduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp op) {
     if (tensors.empty()) return;
     c10d::AllreduceOptions opts;

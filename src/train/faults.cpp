@@ -94,4 +94,10 @@ void FaultInjector::after_backward(int64_t iteration,
   }
 }
 
+bool FaultInjector::touches_gradients(int64_t iteration) const {
+  for (const auto& f : faults_)
+    if (f.kind == config::FaultKind::kNanGrad && active(f, iteration)) return true;
+  return false;
+}
+
 }  // namespace keel::train

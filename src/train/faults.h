@@ -42,6 +42,9 @@ class FaultInjector {
   // The step's one fault hook, after the backward pass of `iteration`: a crash kills the process
   // (SIGKILL, as an OOM killer or a node failure would); a nan_grad poisons the first gradient.
   void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params) const;
+  // after_backward changes the gradients of `iteration` (so they must not be all-reduced before
+  // it runs).
+  bool touches_gradients(int64_t iteration) const;
 
  private:
   bool active(const config::FaultSpec& f, int64_t at) const {

@@ -242,6 +242,8 @@ void Trainer::State::setup() {
   faults =
       std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
                                       cfg.model.vocab_size, cfg.run.seed + rank);
+  if (world > 1 && cfg.distributed.overlap)
+    reducer = std::make_unique<dist::GradReducer>(comm, params, cfg.distributed.bucket_mb);
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
@@ -371,6 +373,9 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     }
     torch::Tensor scaled = objective / static_cast<double>(accum);
     if (scaler) scaled = scaled * scaler->scale();
+    // Only the step's last backward communicates; its buckets start as they fill.
+    if (reducer && micro == accum - 1 && !faults->touches_gradients(counters.iteration))
+      reducer->arm();
     scaled.backward();
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
@@ -397,29 +402,36 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
   return torch::stack({loss_sum, kept});
 }
 
-// Unscales (fp16), averages across ranks, and takes the norms: one pass over the gradients gives
+// Averages across ranks, unscales (fp16), and takes the norms: one pass over the gradients gives
 // the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
 // step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
 // mean over the kept ones (folded into clipping, so no extra pass over the gradients).
 StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold) {
   StepResult r;
-  if (scaler) r.found_inf = scaler->unscale_(params);
   if (comm.world_size() > 1) {
-    const auto comm_start = Clock::now();
-    // Gradients averaged over the ranks; the kept samples' losses and counts summed; an
-    // overflow anywhere is an overflow everywhere.
-    std::vector<torch::Tensor> grads;
-    for (auto& p : params)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    comm.all_reduce_mean_(grads);
+    const auto comm_start = Clock::now();  // what the backward pass did not hide
+    // Gradients averaged over the ranks (an overflow anywhere is then an overflow everywhere);
+    // the kept samples' losses and counts summed.
+    if (reducer && reducer->armed()) {
+      reducer->finish();
+      if (!reducer_reported && comm.is_main()) {  // once: did the overlap happen?
+        reducer_reported = true;
+        log::info("dist",
+                  "gradients all-reduced in {} buckets; {} of them started during the "
+                  "backward pass",
+                  reducer->buckets(), reducer->started_in_backward());
+      }
+    } else {
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      comm.all_reduce_mean_(grads);
+    }
     std::vector<torch::Tensor> totals{sums};
     comm.all_reduce_sum_(totals);
-    if (r.found_inf) {
-      std::vector<torch::Tensor> inf{*r.found_inf};
-      comm.all_reduce_max_(inf);
-    }
     window.comm_s += seconds_since(comm_start);
   }
+  if (scaler) r.found_inf = scaler->unscale_(params);
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
   r.param_norms = optim::per_param_grad_norms(params);
   r.screen_threshold = screen_threshold;

@@ -18,6 +18,7 @@
 #include "config/schema.h"
 #include "data/batch.h"
 #include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "guard/guard.h"
 #include "model/fused_ops.h"
 #include "model/transformer.h"
@@ -175,6 +176,9 @@ struct Trainer::State {
   model::Transformer model{nullptr};
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::vector<torch::Tensor> params;
+  // Several ranks with distributed.overlap: gradient buckets all-reduced during the backward pass.
+  std::unique_ptr<dist::GradReducer> reducer;
+  bool reducer_reported = false;
   std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::optional<optim::DynamicLossScaler> scaler;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -64,6 +65,28 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
   expect_same_losses(a, b);
   for (auto& e : read_jsonl(two.path() / "events.jsonl"))
     if (e["kind"] == "run_start") EXPECT_EQ(e["detail"]["world_size"], 2);
+
+  // The gradient buckets that overlap the backward pass against one flat all-reduce after it,
+  // with many small buckets, and with gradient accumulation (only the last micro-step reduces):
+  // the same training either way.
+  ScratchDir flat("dist_flat"), buckets("dist_buckets"), accum("dist_accum");
+  auto r3 = run_keel("launch --nproc 2 -- " + tiny_args(flat, 8, 50) +
+                     " --set distributed.overlap=false");
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  expect_same_losses(a, losses(flat));
+  auto r4 = run_keel("launch --nproc 2 -- " + tiny_args(buckets, 8, 50) +
+                     " --set distributed.bucket_mb=0.1");
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  expect_same_losses(a, losses(buckets));
+  std::smatch m;  // every bucket started from autograd's hooks, none left for after the backward
+  const std::regex report(R"((\d+) buckets; (\d+) of them started during the backward pass)");
+  ASSERT_TRUE(std::regex_search(r4.output, m, report)) << r4.output;
+  EXPECT_GT(std::stoi(m[1]), 2);
+  EXPECT_EQ(m[1], m[2]);
+  auto r5 = run_keel("launch --nproc 2 -- " + tiny_args(accum, 4, 50) +
+                     " --set data.grad_accum_steps=2 --set distributed.bucket_mb=0.1");
+  ASSERT_EQ(r5.exit_code, 0) << r5.output;
+  expect_same_losses(a, losses(accum));
 }
 
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data

@@ -1,0 +1,134 @@
+#include "dist/grad_reducer.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+namespace keel::dist {
+
+class GradReducer::Hook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  Hook(GradReducer* reducer, int64_t param) : reducer_(reducer), param_(param) {}
+  void operator()(const torch::autograd::Variable&) override { reducer_->on_ready(param_); }
+
+ private:
+  GradReducer* reducer_;
+  int64_t param_;
+};
+
+GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb)
+    : comm_(comm), params_(std::move(params)) {
+  // Reverse order: the last layers' gradients are ready first. The first bucket is small (at most
+  // 1 MiB, as DDP's) so that communication starts early in the backward pass.
+  const double cap = bucket_mb * 1024 * 1024;
+  double bucket_cap = std::min(cap, 1024.0 * 1024.0);
+  bucket_of_.assign(params_.size(), -1);
+  double bytes = 0;
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    const auto& p = params_[i];
+    if (!p.requires_grad()) continue;
+    const bool fits = !buckets_.empty() && bytes < bucket_cap &&
+                      buckets_.back().flat.scalar_type() == p.scalar_type() &&
+                      buckets_.back().flat.device() == p.device();
+    if (!fits) {
+      if (!buckets_.empty()) bucket_cap = cap;
+      buckets_.emplace_back();
+      buckets_.back().flat = torch::empty({0}, p.options());  // dtype and device; sized below
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
+    b.params.push_back(i);
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
+    bytes += static_cast<double>(p.numel() * p.element_size());
+  }
+  for (auto& b : buckets_) {
+    const int64_t n = b.offsets.back() + params_[b.params.back()].numel();
+    b.flat = torch::zeros({n}, b.flat.options());
+    b.pending = static_cast<int64_t>(b.params.size());
+  }
+  ready_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (bucket_of_[i] >= 0)
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          params_[i], std::make_unique<Hook>(this, static_cast<int64_t>(i)));
+}
+
+GradReducer::~GradReducer() {
+  abandon();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (bucket_of_[i] >= 0) torch::autograd::impl::set_post_acc_grad_hooks(params_[i], nullptr);
+}
+
+void GradReducer::arm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandon();  // a step that failed mid-way may have left buckets in flight
+  armed_ = true;
+}
+
+void GradReducer::on_ready(int64_t param) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_ || ready_[param]) return;
+  ready_[param] = true;
+  --buckets_[bucket_of_[param]].pending;
+  while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+    start(buckets_[next_++]);
+    ++started_in_backward_;
+  }
+}
+
+void GradReducer::start(Bucket& b) {
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const auto& p = params_[b.params[k]];
+    auto slice = b.flat.slice(0, b.offsets[k], b.offsets[k] + p.numel());
+    if (p.grad().defined())
+      slice.copy_(p.grad().reshape({-1}));
+    else
+      slice.zero_();
+  }
+  b.work = comm_.all_reduce_sum_async_(b.flat);
+}
+
+void GradReducer::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;
+  while (next_ < buckets_.size()) start(buckets_[next_++]);
+  const double world = comm_.world_size();
+  const int64_t overlapped = started_in_backward_;
+  for (auto& b : buckets_) {
+    auto work = std::move(b.work);
+    work->wait();
+    b.flat.div_(world);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      auto& p = params_[b.params[k]];
+      auto slice = b.flat.slice(0, b.offsets[k], b.offsets[k] + p.numel()).view(p.sizes());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(slice);
+      else
+        p.mutable_grad() = slice.clone();
+    }
+  }
+  abandon();  // nothing left in flight: this only resets the step's state
+  started_in_backward_ = overlapped;
+}
+
+void GradReducer::abandon() {
+  for (auto& b : buckets_) {
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (const std::exception&) {
+        // The step that started it has already failed; its error is the one that matters.
+      }
+      b.work.reset();
+    }
+    b.pending = static_cast<int64_t>(b.params.size());
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_ = 0;
+  started_in_backward_ = 0;
+  armed_ = false;
+}
+
+}  // namespace keel::dist

@@ -1,0 +1,66 @@
+// Gradient all-reduce that overlaps the backward pass, as DDP's reducer does: the parameters are
+// cut into flat buckets of about `bucket_mb` in reverse order (the order autograd finishes them),
+// a hook after each parameter's gradient accumulation marks it ready, and a bucket whose
+// gradients are all ready starts its all-reduce at once while autograd goes on with the layers
+// below. Buckets start strictly in index order, so every rank issues the same collectives in the
+// same order whatever its autograd thread does.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace keel::dist {
+
+class GradReducer {
+ public:
+  // `params` are the trainable parameters (leaves); their hooks stay until the reducer goes.
+  GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // The next backward pass is the step's last (gradient accumulation: only the final micro-step
+  // communicates): buckets start as they fill.
+  void arm();
+  bool armed() const { return armed_; }
+  // Starts every bucket not yet started (a parameter without a gradient this step counts as
+  // zeros), waits for all of them and writes the mean over ranks back into each .grad. Disarms.
+  void finish();
+
+  int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // Buckets started from the backward pass's hooks (not by finish) at the last finish: how much
+  // of the communication had a chance to overlap.
+  int64_t started_in_backward() const { return started_in_backward_; }
+
+ private:
+  struct Bucket {
+    std::vector<int64_t> params;  // indices into params_
+    std::vector<int64_t> offsets;
+    torch::Tensor flat;
+    int64_t pending = 0;  // gradients not yet ready in this backward
+    std::unique_ptr<PendingWork> work;
+  };
+  class Hook;
+
+  void on_ready(int64_t param);
+  void start(Bucket& bucket);
+  void start_ready_buckets();  // in index order, from next_
+  void abandon();              // a step that failed mid-way: wait out what is in flight
+
+  Communicator& comm_;
+  std::vector<torch::Tensor> params_;
+  std::vector<int64_t> bucket_of_;  // per parameter
+  std::vector<Bucket> buckets_;
+  std::vector<bool> ready_;
+  std::mutex mutex_;  // the hooks run on autograd's threads
+  bool armed_ = false;
+  size_t next_ = 0;  // the first bucket not yet started
+  int64_t started_in_backward_ = 0;
+};
+
+}  // namespace keel::dist
