@@ -198,7 +198,7 @@ Decision Guard::resolve(Decision d, double model_ratio) {
   const bool norm_only = detail.value("reason", "") == "grad_norm" && loss_median > 0 &&
                          s.loss <= kNormalLossRatio * loss_median;
   norm_only_skips_ = !model_worse && norm_only ? norm_only_skips_ + 1 : 0;
-  if (norm_only_skips_ >= kGradScaleShiftSkips) {
+  if (norm_only_skips_ >= std::max(kGradScaleShiftSkips, cfg_.rollback.stuck_steps / 4)) {
     accept_gradient_scale(s, d);
     return d;
   }

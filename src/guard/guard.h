@@ -225,8 +225,10 @@ inline constexpr double kLossJumpZ = 10.0;
 inline constexpr int64_t kLossRecentSteps = 5;
 // Minimum samples in the window before an alarm can fire: a baseline of two values is no baseline.
 inline constexpr int64_t kMinBaselineSteps = 10;
-// A grad-norm alarm that repeats on this many different batches in a row, with the loss at its
-// median and the model no worse on clean data, is the model's gradient scale moving, not the data.
+// A grad-norm alarm that repeats on different batches in a row, with the loss at its median and
+// the model no worse on clean data, is the model's gradient scale moving, not the data, once it
+// has lasted a quarter of stuck_steps (at least kGradScaleShiftSkips): long enough that a bad
+// region of ordinary length is still dropped whole, short enough that the run never stops as stuck.
 inline constexpr int64_t kGradScaleShiftSkips = 3;
 // "The loss at its median": at most this factor above it.
 inline constexpr double kNormalLossRatio = 1.2;

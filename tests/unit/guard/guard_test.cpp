@@ -528,9 +528,12 @@ TEST(Guard, AGradNormJumpInWarmupWarnsButDoesNotPause) {
 
 // The same grad-norm alarm on different batches in a row, the loss at its median and the model
 // no worse on clean data: the model's gradient scale moved, not the data. Dropping batches would
-// stall the run until it stops as stuck; the third is applied and the median restarts from it.
+// stall the run until it stops as stuck; after a quarter of stuck_steps (here 3) the step is
+// applied and the median restarts from it.
 TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
-  Guard g(test_config(), {"a"});
+  auto cfg = test_config();
+  cfg.rollback.stuck_steps = 12;
+  Guard g(cfg, {"a"});
   int64_t step = warm(g);
   auto high = [&](int64_t it) {
     StepSignals s = signals(step, 30.0, 2.0, {30.0});
@@ -552,7 +555,7 @@ TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
   EXPECT_EQ(g.observe(next).action, Action::kPause);
 
   // A loss that rose with the norm is not a moved scale: the data keeps being dropped.
-  Guard h(test_config(), {"a"});
+  Guard h(cfg, {"a"});
   step = warm(h);
   for (int64_t it = step; it < step + 5; ++it) {
     StepSignals s = signals(step, 30.0, 2.6, {30.0});  // 1.3x the median loss
