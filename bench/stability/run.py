@@ -499,7 +499,8 @@ def text_section(go, check, fortunes, junk, steps, raw):
         f"windows of {meta['documents_out']} junk documents (of {meta['documents_in']} generated: "
         "byte noise, one repeated character, markup boilerplate, base64; `keel prepare` removed "
         f"{meta['exact_duplicates']} exact and {meta['near_duplicates']} near duplicates and "
-        f"{meta['removed_by_length']} by length) with the `splice_data` fault.", "",
+        f"{meta['removed_by_length']} by length and {meta.get('removed_by_repetition', 0)} as "
+        "self-repeating) with the `splice_data` fault.", "",
         f"Clean {fmt_val(clean['final_val'])}; unprotected {fmt_val(u['final_val'])} "
         f"({gap(u['final_val'], clean['final_val'])}); protected {fmt_val(p['final_val'])} "
         f"({gap(p['final_val'], clean['final_val'])}), exit {p['exit']}, {p['rollbacks']} "

@@ -276,6 +276,18 @@ TEST(ConfigValidate, ValidatedCombinationsRejectPointsOutsideAll) {
   EXPECT_EQ(errors(check(kCombos, {"optim.lr=7e-4"})).size(), 1u);
 }
 
+TEST(ConfigValidate, AsyncCheckpointsAreRefusedForSeveralRanks) {
+  const std::string async = "checkpoint:\n  async: true\n";
+  EXPECT_TRUE(errors(check(async)).empty());
+  ValidateOptions two_ranks = without_filesystem();
+  two_ranks.world_size = 2;
+  const auto found = errors(check(async, {}, two_ranks));
+  ASSERT_EQ(found.size(), 1u) << dump(found);
+  EXPECT_EQ(found[0].key, "checkpoint.async");
+  EXPECT_EQ(found[0].loc.line, 2);
+  EXPECT_TRUE(contains(found[0].message, "2 ranks")) << found[0].message;
+}
+
 TEST(ConfigValidate, MalformedCombinationsAreErrors) {
   const auto found =
       errors(check("production:\n  validated:\n    - {lr: [5e-4, 1e-4], global_batch: [8]}\n"));
