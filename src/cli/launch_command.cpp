@@ -99,6 +99,7 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("KEEL_LAUNCH_PREFIXES_RANKS", "1", 1);   // the log leaves the rank tag to us
       ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // as torchrun: the cores shared out
       std::vector<char*> argv;
       std::string self = "/proc/self/exe";

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 
@@ -29,7 +30,11 @@ void init(int rank, int world_size, bool verbose) {
   // Logs go to stderr so that stdout stays free for machine-readable output (inspect, validate).
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto l = std::make_shared<spdlog::logger>("keel", sink);
-  std::string rank_tag = world_size > 1 ? "[rank " + std::to_string(rank) + "] " : "";
+  // Under `keel launch` every line already arrives with the launcher's "[rank R] " prefix.
+  const char* prefixed = std::getenv("KEEL_LAUNCH_PREFIXES_RANKS");
+  const bool tagged_by_launcher = prefixed && std::string(prefixed) == "1";
+  std::string rank_tag =
+      world_size > 1 && !tagged_by_launcher ? "[rank " + std::to_string(rank) + "] " : "";
   l->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ " + rank_tag + "%v");
   l->set_level(verbose ? spdlog::level::debug : spdlog::level::info);
   l->flush_on(spdlog::level::info);

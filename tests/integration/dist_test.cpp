@@ -60,6 +60,9 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
   auto r2 = run_keel("launch --nproc 2 -- " + tiny_args(two, 8, 50));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_NE(r2.output.find("[rank 0] "), std::string::npos) << r2.output;  // the launcher's prefix
+  std::istringstream lines(r2.output);  // and only the launcher's: the rank is not named twice
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.find("[rank", 1), std::string::npos) << line;
   const auto a = losses(one), b = losses(two);
   EXPECT_EQ(a.size(), 50u);
   expect_same_losses(a, b);
