@@ -78,6 +78,31 @@ torch::Device select_device(config::Device requested, int local_rank) {
                        static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
+StopSignals::StopSignals(void (*handler)(int)) {
+  std::signal(SIGTERM, handler);
+  std::signal(SIGINT, handler);
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, &previous_mask_);
+  catcher_ = std::thread([this, stop] {  // the one thread of ours the signals may interrupt
+    pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_; });
+  });
+}
+
+StopSignals::~StopSignals() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+  catcher_.join();
+  pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+}
+
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
   if (!options.run_dir.empty()) return options.run_dir;
   return (fs::path(cfg.run.out_dir) / cfg.run.name).string();
@@ -192,6 +217,7 @@ void Trainer::State::setup() {
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
 
   process_settings = std::make_unique<ProcessSettings>();
+  stop_signals = std::make_unique<StopSignals>(on_stop_signal);
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
   if (cfg.run.host_allocator == config::HostAllocator::kCaching) {
     install_caching_host_allocator(default_host_cache_limit());
@@ -282,8 +308,6 @@ void Trainer::State::setup() {
                       {"parameters", model->num_parameters()},
                       {"flops_per_token", model->flops_per_token()},
                       {"resume", options.resume}});
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
 }
 
 // ---- the step ---------------------------------------------------------------------------------

@@ -5,11 +5,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -52,6 +55,26 @@ class ProcessSettings {
   bool deterministic_;
   struct sigaction sigterm_ {};
   struct sigaction sigint_ {};
+};
+
+// SIGTERM/SIGINT only set the stop flag the step loop reads, and they are taken on a thread of
+// their own: blocked on the training thread (and on the compute threads it starts later). A signal
+// that interrupted a oneDNN JIT GEMM on the training thread was seen to corrupt the heap (its
+// sgemm then freed a clobbered workspace pointer, in 2-rank runs under load), so the thread that
+// computes is never the one interrupted. The mask is restored when the trainer ends.
+class StopSignals {
+ public:
+  explicit StopSignals(void (*handler)(int));
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  sigset_t previous_mask_{};
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread catcher_;
 };
 
 // The current optimizer step's samples (one entry per micro-batch): for the screen's quarantine
@@ -168,6 +191,7 @@ struct Trainer::State {
   TrainOptions options;
   dist::Communicator& comm;
   std::unique_ptr<ProcessSettings> process_settings;  // restored when the trainer ends
+  std::unique_ptr<StopSignals> stop_signals;          // after process_settings: gone before it
   std::string run_dir;
 
   // The model and its optimizer.
