@@ -64,6 +64,7 @@ GradReducer::~GradReducer() {
 void GradReducer::arm() {
   std::lock_guard<std::mutex> lock(mutex_);
   abandon();  // a step that failed mid-way may have left buckets in flight
+  started_in_backward_ = 0;
   armed_ = true;
 }
 
@@ -95,7 +96,6 @@ void GradReducer::finish() {
   if (!armed_) return;
   while (next_ < buckets_.size()) start(buckets_[next_++]);
   const double world = comm_.world_size();
-  const int64_t overlapped = started_in_backward_;
   for (auto& b : buckets_) {
     auto work = std::move(b.work);
     work->wait();
@@ -110,7 +110,6 @@ void GradReducer::finish() {
     }
   }
   abandon();  // nothing left in flight: this only resets the step's state
-  started_in_backward_ = overlapped;
 }
 
 void GradReducer::abandon() {
@@ -127,7 +126,6 @@ void GradReducer::abandon() {
   }
   std::fill(ready_.begin(), ready_.end(), false);
   next_ = 0;
-  started_in_backward_ = 0;
   armed_ = false;
 }
 

@@ -50,7 +50,7 @@ class GradReducer {
   void on_ready(int64_t param);
   void start(Bucket& bucket);
   void start_ready_buckets();  // in index order, from next_
-  void abandon();              // a step that failed mid-way: wait out what is in flight
+  void abandon();              // wait out what is in flight and reset the step's state
 
   Communicator& comm_;
   std::vector<torch::Tensor> params_;

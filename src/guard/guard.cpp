@@ -336,9 +336,10 @@ Decision Guard::observe(const StepSignals& s) {
     return d;
   }
 
-  const int64_t min_baseline = std::min(kMinBaselineSteps, cfg_.median_window);
-  const bool baseline = static_cast<int64_t>(losses_.size()) >= min_baseline;
-  const bool norm_baseline = static_cast<int64_t>(grad_norms_.size()) >= min_baseline;
+  // The loss keeps its baseline when the grad-norm one restarts (accept_gradient_scale).
+  const bool baseline =
+      static_cast<int64_t>(losses_.size()) >= std::min(kMinBaselineSteps, cfg_.median_window);
+  const bool norm_baseline = baseline_ready();
   const double norm_median = grad_norms_.median();
   const double loss_median = losses_.median();
   const double norm_ratio = norm_baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
