@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# GPU check on a machine with a CUDA GPU (never run in CI; there is no GPU there). Two parts:
+# GPU check on a machine with a CUDA GPU (never run in CI; there is no GPU there). Three parts:
 #   1. path check: 20 steps of the embedded tiny config on cuda in bf16 with optim.fused=on (the
 #      fused AdamW kernel) and SDPA attention; every loss and gradient norm must be finite, no step
 #      skipped or rolled back, and the loss must fall;
-#   2. throughput: a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
+#   2. NCCL: the same 20 steps as one rank of a c10d NCCL process group (torchrun's variables for
+#      one rank and distributed.backend=nccl), its gradient buckets all-reduced from the backward
+#      pass's hooks; finite and falling, and the log shows the group and the buckets;
+#   3. throughput: a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
 #      model trained in bf16 by keel and by the plain PyTorch reference (bench/reference/), in
 #      alternating pairs (bench/run.py), and a Markdown table of median tokens/s, the
 #      keel/reference ratio and MFU against this GPU's bf16 matmul peak (8192³, measured in the
@@ -20,9 +23,9 @@
 #
 # ARGS go to bench/run.py, e.g. --pairs 3. With $OUT set (the device tool's output folder) it
 # writes there: gpu_check.log (everything printed), gpu_bench.md (the table), gpu_bench.json,
-# path_check.log and path_check_metrics.jsonl. Exits non-zero when either part fails; the
-# throughput part runs even when the path check failed. The exact call for the device tool is in
-# docs/benchmarks.md, "GPU check".
+# path_check.log, path_check_metrics.jsonl, nccl.log and nccl_metrics.jsonl. Exits non-zero when
+# any part fails; each part runs even when an earlier one failed. The exact call for the device
+# tool is in docs/benchmarks.md, "GPU check".
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 bundle=""
@@ -105,7 +108,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 log "path check: 20 steps of the tiny config, cuda, bf16, optim.fused=on"
 # In $tmp: keel's free-space check looks at run.out_dir, relative to the working directory.
-if (cd "$tmp" && "$keel" train --run-dir "$tmp/run" --set run.device=cuda --set run.precision=bf16 \
+if (cd "$tmp" && timeout 300 "$keel" train --run-dir "$tmp/run" --set run.device=cuda --set run.precision=bf16 \
       --set optim.fused=on --set run.max_steps=20 --set schedule.warmup_steps=2 \
       --set logging.every_steps=1 --set logging.progress=off --set eval.every_steps=0 \
       --set checkpoint.every_steps=0) >"$tmp/path_check.log" 2>&1; then
@@ -156,7 +159,72 @@ else
 fi
 [ -z "$out" ] || cp "$tmp/path_check.log" "$out/path_check.log"
 
-# ---- 2. throughput: keel against the plain PyTorch reference ---------------------------------
+# ---- 2. NCCL: one rank, its process group made and its collectives run -----------------------
+# torchrun's variables for one rank, and distributed.backend named: keel makes the NCCL group
+# (rendezvous through a TCPStore on loopback) and all-reduces its gradient buckets from the
+# backward pass's hooks. The same 20 steps as part 1: finite, falling, and close to part 1's.
+port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+log "nccl: the same 20 steps as one rank of a c10d NCCL group (MASTER_PORT $port)"
+if (cd "$tmp" && env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT="$port" timeout 300 "$keel" train --run-dir "$tmp/nccl" \
+      --set run.device=cuda --set run.precision=bf16 --set optim.fused=on \
+      --set distributed.backend=nccl --set distributed.timeout_s=60 --set run.max_steps=20 \
+      --set schedule.warmup_steps=2 --set logging.every_steps=1 --set logging.progress=off \
+      --set eval.every_steps=0 --set checkpoint.every_steps=0) >"$tmp/nccl.log" 2>&1; then
+  [ -z "$out" ] || cp "$tmp/nccl/metrics.jsonl" "$out/nccl_metrics.jsonl"
+  if "$python" - "$tmp/nccl.log" "$tmp/nccl" "$tmp/run" <<'EOF' >&2; then
+import json, math, os, re, sys
+log_text = open(sys.argv[1]).read()
+read = lambda d, name: [json.loads(l) for l in open(os.path.join(d, name)) if l.strip()]
+metrics = read(sys.argv[2], "metrics.jsonl")
+losses = [m["loss"] for m in metrics]
+finite = lambda xs: all(x is not None and math.isfinite(x) for x in xs)
+problems = []
+if "rank 0 of 1 (0 from torchrun), nccl over 127.0.0.1" not in log_text:
+    problems.append("keel made no NCCL process group (no 'nccl over' in its log)")
+buckets = re.search(r"gradients all-reduced in (\d+) buckets; (\d+) of them started during", log_text)
+if not buckets:
+    problems.append("no gradient buckets were all-reduced (no 'gradients all-reduced in' line)")
+else:
+    print(f"[gpu_check] nccl: gradients all-reduced in {buckets[1]} buckets, "
+          f"{buckets[2]} started during the backward pass")
+if [m["step"] for m in metrics] != list(range(1, 21)):
+    problems.append(f"expected records of steps 1..20, got {[m['step'] for m in metrics]}")
+if not all("comm_ms" in m for m in metrics):
+    problems.append("metrics.jsonl has no comm_ms: the step did not wait on a collective")
+if not finite(losses):
+    problems.append("a loss is not finite")
+elif len(losses) >= 10:
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    comm = sorted(m["comm_ms"] for m in metrics if "comm_ms" in m)
+    print(f"[gpu_check] nccl: loss {losses[0]:.4f} -> {losses[-1]:.4f}; median comm_ms "
+          f"{comm[len(comm) // 2] if comm else float('nan'):.3f}")
+    if not last < first - 0.1:
+        problems.append(f"no fall in the loss (means {first:.4f}, steps 1-5; {last:.4f}, 16-20)")
+    try:  # GPU kernels are not bit-reproducible run to run: printed, not judged
+        plain = [m["loss"] for m in read(sys.argv[3], "metrics.jsonl")]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, plain))
+        print(f"[gpu_check] nccl: largest relative difference from part 1's losses: {diff:.2e}")
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+for p in problems:
+    print(f"[gpu_check] nccl: {p}")
+sys.exit(1 if problems else 0)
+EOF
+    log "nccl: ok (a 1-rank NCCL group: buckets all-reduced, finite, falling)"
+  else
+    tail -n 20 "$tmp/nccl.log" >&2
+    log "nccl: FAILED"
+    status=1
+  fi
+else
+  tail -n 40 "$tmp/nccl.log" >&2
+  log "nccl: FAILED, keel exited non-zero"
+  status=1
+fi
+[ -z "$out" ] || cp "$tmp/nccl.log" "$out/nccl.log"
+
+# ---- 3. throughput: keel against the plain PyTorch reference ---------------------------------
 # keel logs every 5 steps rather than every step: a log step also snapshots all weights for the
 # update ratios and reads several values back to the host, work a real run does not do per step
 # (the per-config warm-up and step counts are multiples of 5). One checkpoint kept of each kind:

@@ -24,6 +24,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   bool is_main() const { return rank() == 0; }
+  // A c10d process group, even of one rank: its collectives run (a 1-rank NCCL check on one GPU).
+  // SingleProcess skips them.
+  virtual bool is_process_group() const { return false; }
 
   // In-place sum across ranks (tensors on the communicator's device).
   virtual void all_reduce_sum_(std::vector<torch::Tensor>& tensors) = 0;

@@ -57,6 +57,20 @@ class ProcessGroupComm final : public Communicator {
         rank_(rank),
         world_(world),
         timeout_(timeout) {}
+  // As torch.distributed.destroy_process_group: NCCL flushes and frees its communicators (and
+  // says so when a program skips this). After a failed collective the group is aborted instead:
+  // a peer that died would never answer a flush.
+  ~ProcessGroupComm() override {
+    try {
+      if (failed_)
+        pg_->abort();
+      else
+        pg_->shutdown();
+    } catch (const std::exception& e) {
+      log::warn("dist", "shutting down the process group: {}", e.what());
+    }
+  }
+  bool is_process_group() const override { return true; }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -131,6 +145,7 @@ class ProcessGroupComm final : public Communicator {
     try {
       work->wait(timeout_);
     } catch (const std::exception& e) {
+      failed_ = true;
       throw DistError(std::string(what) + " across " + std::to_string(world_) +
                       " ranks failed on rank " + std::to_string(rank_) +
                       " (another rank may have died; distributed.timeout_s = " +
@@ -142,6 +157,7 @@ class ProcessGroupComm final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> pg_;
   int rank_, world_;
   std::chrono::milliseconds timeout_;
+  bool failed_ = false;
 };
 
 bool is_loopback(const std::string& addr) {
@@ -173,13 +189,12 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv)
     e.world_size = int_var(getenv, "WORLD_SIZE");
     e.local_rank = int_var(getenv, "LOCAL_RANK", e.rank);
     e.local_world_size = int_var(getenv, "LOCAL_WORLD_SIZE", e.world_size);
-    if (e.world_size > 1) {
-      if (!has("MASTER_ADDR"))
-        throw UserError("environment variable MASTER_ADDR is missing (WORLD_SIZE is " +
-                        std::to_string(e.world_size) +
-                        "); HINT: torchrun and `keel launch` set it");
+    if (has("MASTER_ADDR")) {  // torchrun sets it even for one rank
       e.master_addr = getenv("MASTER_ADDR");
       e.master_port = int_var(getenv, "MASTER_PORT");
+    } else if (e.world_size > 1) {
+      throw UserError("environment variable MASTER_ADDR is missing (WORLD_SIZE is " +
+                      std::to_string(e.world_size) + "); HINT: torchrun and `keel launch` set it");
     }
     const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
     e.agent_store = agent && (std::string(agent) == "True" || std::string(agent) == "true" ||
@@ -213,7 +228,10 @@ LaunchEnv launch_env() {
 std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
                                                  const config::DistributedConfig& cfg,
                                                  const torch::Device& device) {
-  if (env.world_size <= 1) return std::make_unique<SingleProcess>();
+  // One rank needs no collectives, unless a launcher started it and the config names a backend:
+  // then the group is made and used (e.g. a 1-rank NCCL check on one GPU).
+  if (env.world_size <= 1 && (env.launcher == "none" || cfg.backend == config::Backend::kAuto))
+    return std::make_unique<SingleProcess>();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(env.master_port);

@@ -36,7 +36,7 @@ void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 // saw it, or the ones still training would wait on a collective the stopped ones never join.
 int agreed_stop_signal(dist::Communicator& comm, const torch::Device& device) {
   const int sig = g_stop_signal.load();
-  if (comm.world_size() == 1) return sig;
+  if (!comm.is_process_group()) return sig;
   std::vector<torch::Tensor> t{
       torch::tensor({static_cast<int64_t>(sig)}, torch::kInt64).to(device)};
   comm.all_reduce_max_(t);
@@ -268,7 +268,7 @@ void Trainer::State::setup() {
   faults =
       std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
                                       cfg.model.vocab_size, cfg.run.seed + rank);
-  if (world > 1 && cfg.distributed.overlap)
+  if (comm.is_process_group() && cfg.distributed.overlap)
     reducer = std::make_unique<dist::GradReducer>(comm, params, cfg.distributed.bucket_mb);
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
@@ -432,7 +432,7 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
 // mean over the kept ones (folded into clipping, so no extra pass over the gradients).
 StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold) {
   StepResult r;
-  if (comm.world_size() > 1) {
+  if (comm.is_process_group()) {
     const auto comm_start = Clock::now();  // what the backward pass did not hide
     // Gradients averaged over the ranks (an overflow anywhere is then an overflow everywhere);
     // the kept samples' losses and counts summed.
@@ -700,7 +700,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
       .add("queue_depth", loader.queue_depth);
   if (guard) rec.add("clip_rate", static_cast<double>(window.clipped) / steps);
   if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
-  if (comm.world_size() > 1) rec.add("comm_ms", window.comm_s * 1e3 / steps);
+  if (comm.is_process_group()) rec.add("comm_ms", window.comm_s * 1e3 / steps);
   const int64_t samples = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
   rec.add("tokens_seen", samples * cfg.model.seq_len).add("samples_seen", samples);
   if (guard) {

@@ -215,6 +215,32 @@ TEST(DistIntegration, SigtermToTheLauncherCheckpointsOnceOnEveryRank) {
     EXPECT_NE(log.find(std::string(rank) + " "), std::string::npos) << log;
 }
 
+// One rank started by a launcher, with a backend named in the config, makes that process group and
+// runs its collectives (how scripts/gpu_check.sh checks NCCL on one GPU); the same training as one
+// process without a group, to the bit. With backend auto one rank makes no group.
+TEST(DistIntegration, OneLaunchedRankWithANamedBackendRunsItsCollectives) {
+  ScratchDir plain("dist_plain"), group("dist_group"), autoGroup("dist_auto");
+  auto a = run_keel(tiny_args(plain, 8, 20));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_keel("launch --nproc 1 -- " + tiny_args(group, 8, 20) +
+                    " --set distributed.backend=gloo");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("rank 0 of 1 (0 from torchrun), gloo over 127.0.0.1"), std::string::npos)
+      << b.output;
+  EXPECT_NE(b.output.find("gradients all-reduced in "), std::string::npos) << b.output;
+  const auto x = losses(plain), y = losses(group);
+  ASSERT_EQ(x.size(), 20u);
+  ASSERT_EQ(y.size(), 20u);
+  for (const auto& [step, loss] : x) EXPECT_EQ(y.at(step), loss) << "step " << step;
+  for (auto& m : read_jsonl(group.path() / "metrics.jsonl")) EXPECT_TRUE(m.contains("comm_ms"));
+
+  auto c = run_keel("launch --nproc 1 -- " + tiny_args(autoGroup, 8, 3));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_EQ(c.output.find(" over 127.0.0.1"), std::string::npos) << c.output;
+  for (auto& m : read_jsonl(autoGroup.path() / "metrics.jsonl"))
+    EXPECT_FALSE(m.contains("comm_ms"));
+}
+
 // A rank's place comes from its launcher's variables: one that is missing, or a rendezvous port
 // another process holds, is the user's to fix (exit 2, naming it), never a hang.
 TEST(DistIntegration, AMissingVariableOrABusyPortExitsTwoNamingIt) {
