@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """One rank against two, on the same global batch: step time, tokens/s and the all-reduce's share.
 
-The same model and global batch trained three ways, alternating, --reps times:
+The same model and global batch trained four ways, alternating, --reps times:
   1 rank  x micro-batch 2B, run.threads = cores
   2 ranks x micro-batch B (keel launch --nproc 2), run.threads = cores / 2 each, Gloo on loopback,
           with distributed.overlap true (gradient buckets all-reduced during the backward pass)
-          and false (one flat all-reduce after it)
+          and false (one flat all-reduce after it), and with ZeRO-1 (distributed.zero=1: each
+          rank updates half the weights and an all-gather after the optimizer step, which
+          step_ms holds and comm_ms does not, gives both ranks the whole model)
 and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms`
 (metrics.jsonl) is the host time the step waited for the gradient all-reduce after the backward
 pass: with overlap, the part the backward pass did not hide.
 
-  python3 bench/dist.py --keel build/keel                 # small and medium models (~4 min, 2 cores)
+  python3 bench/dist.py --keel build/keel                 # small and medium models (~5 min, 2 cores)
 """
 import argparse
 import json
@@ -60,7 +62,8 @@ def main():
           "all-reduce wait ms | its share |")
     print("|---|---|---|---|---|---|---|")
     ways = [("1 rank", 1, ()), ("2 ranks, overlap", 2, ("distributed.overlap=true",)),
-            ("2 ranks, no overlap", 2, ("distributed.overlap=false",))]
+            ("2 ranks, no overlap", 2, ("distributed.overlap=false",)),
+            ("2 ranks, overlap, zero 1", 2, ("distributed.overlap=true", "distributed.zero=1"))]
     for shape in args.configs:
         results = {name: [] for name, _, _ in ways}
         for _ in range(args.reps):

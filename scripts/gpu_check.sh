@@ -4,8 +4,9 @@
 #      fused AdamW kernel) and SDPA attention; every loss and gradient norm must be finite, no step
 #      skipped or rolled back, and the loss must fall;
 #   2. NCCL: the same 20 steps as one rank of a c10d NCCL process group (torchrun's variables for
-#      one rank and distributed.backend=nccl), its gradient buckets all-reduced from the backward
-#      pass's hooks; finite and falling, and the log shows the group and the buckets;
+#      one rank and distributed.backend=nccl) with ZeRO-1, its gradient buckets all-reduced from
+#      the backward pass's hooks and the weights all-gathered after each step; finite and falling,
+#      and the log shows the group, ZeRO-1 and the buckets;
 #   3. throughput: a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
 #      model trained in bf16 by keel and by the plain PyTorch reference (bench/reference/), in
 #      alternating pairs (bench/run.py), and a Markdown table of median tokens/s, the
@@ -21,7 +22,7 @@
 #       (its torch/lib and the wheel's nvidia/*/lib), which also runs the reference (override:
 #       KEEL_PYTHON).
 #
-# ARGS go to bench/run.py, e.g. --pairs 3. With $OUT set (the device tool's output folder) it
+# --quick stops after parts 1 and 2 (a minute). Other ARGS go to bench/run.py, e.g. --pairs 3. With $OUT set (the device tool's output folder) it
 # writes there: gpu_check.log (everything printed), gpu_bench.md (the table), gpu_bench.json,
 # path_check.log, path_check_metrics.jsonl, nccl.log and nccl_metrics.jsonl. Exits non-zero when
 # any part fails; each part runs even when an earlier one failed. The exact call for the device
@@ -29,11 +30,13 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 bundle=""
+quick=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle="${2:?--bundle needs a folder}"; shift 2 ;;
     --bundle=*) bundle="${1#--bundle=}"; shift ;;
+    --quick) quick=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -161,14 +164,16 @@ fi
 
 # ---- 2. NCCL: one rank, its process group made and its collectives run -----------------------
 # torchrun's variables for one rank, and distributed.backend named: keel makes the NCCL group
-# (rendezvous through a TCPStore on loopback) and all-reduces its gradient buckets from the
-# backward pass's hooks. The same 20 steps as part 1: finite, falling, and close to part 1's.
+# (rendezvous through a TCPStore on loopback), all-reduces its gradient buckets from the backward
+# pass's hooks and, with ZeRO-1, all-gathers the updated weights after each step. The same 20
+# steps as part 1: finite, falling, and close to part 1's.
 port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log "nccl: the same 20 steps as one rank of a c10d NCCL group (MASTER_PORT $port)"
 if (cd "$tmp" && env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
       MASTER_PORT="$port" timeout 300 "$keel" train --run-dir "$tmp/nccl" \
       --set run.device=cuda --set run.precision=bf16 --set optim.fused=on \
-      --set distributed.backend=nccl --set distributed.timeout_s=60 --set run.max_steps=20 \
+      --set distributed.backend=nccl --set distributed.zero=1 --set distributed.timeout_s=60 \
+      --set run.max_steps=20 \
       --set schedule.warmup_steps=2 --set logging.every_steps=1 --set logging.progress=off \
       --set eval.every_steps=0 --set checkpoint.every_steps=0) >"$tmp/nccl.log" 2>&1; then
   [ -z "$out" ] || cp "$tmp/nccl/metrics.jsonl" "$out/nccl_metrics.jsonl"
@@ -182,6 +187,8 @@ finite = lambda xs: all(x is not None and math.isfinite(x) for x in xs)
 problems = []
 if "rank 0 of 1 (0 from torchrun), nccl over 127.0.0.1" not in log_text:
     problems.append("keel made no NCCL process group (no 'nccl over' in its log)")
+if "(zero1: state sharded over 1 rank)" not in log_text:
+    problems.append("keel did not use ZeRO-1 (no 'zero1' in its log)")
 buckets = re.search(r"gradients all-reduced in (\d+) buckets; (\d+) of them started during", log_text)
 if not buckets:
     problems.append("no gradient buckets were all-reduced (no 'gradients all-reduced in' line)")
@@ -225,6 +232,10 @@ fi
 [ -z "$out" ] || cp "$tmp/nccl.log" "$out/nccl.log"
 
 # ---- 3. throughput: keel against the plain PyTorch reference ---------------------------------
+if [ "$quick" -eq 1 ]; then
+  if [ "$status" -eq 0 ]; then log "done (--quick: no throughput table)"; else log "FAILED"; fi
+  exit "$status"
+fi
 # keel logs every 5 steps rather than every step: a log step also snapshots all weights for the
 # update ratios and reads several values back to the host, work a real run does not do per step
 # (the per-config warm-up and step counts are multiples of 5). One checkpoint kept of each kind:

@@ -303,6 +303,7 @@ Manifest read_manifest(const fs::path& dir) {
     m.step = j.at("step").get<int64_t>();
     m.world_size = j.at("world_size").get<int>();
     m.stable = j.at("stable").get<bool>();
+    m.optimizer_sharded = j.value("optimizer_sharded", false);
     m.keel_version = j.value("keel_version", std::string());
     m.config_hash = j.value("config_hash", std::string());
     m.created = j.value("created", std::string());
@@ -386,13 +387,21 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
 
 CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   Manifest m = read_manifest(dir);
-  // Every rank holds the whole optimizer state (no sharding), so a run at another world size reads
-  // any rank's copy; RNG and loss-scaler state come from the rank of the same number modulo the
-  // writer's world size (a resume at another world size is not bit-exact; the data order is).
+  // Without sharding every rank holds the whole optimizer state, so a run at another world size
+  // reads any rank's copy; sharded (ZeRO-1) at another world size, it gets every rank's part, keyed
+  // "rank{r}/...", and takes what it owns now. RNG and loss-scaler state come from the rank of the
+  // same number modulo the writer's world size (a resume at another world size is not bit-exact;
+  // the data order is).
   const int source = rank % m.world_size;
   CheckpointData d;
   d.model = load_tensors(dir, m, "model.safetensors");
-  d.optimizer = load_tensors(dir, m, rank_file("optimizer", source, "safetensors"));
+  if (m.optimizer_sharded && m.world_size != world_size) {
+    for (int r = 0; r < m.world_size; ++r)
+      for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))
+        d.optimizer["rank" + std::to_string(r) + "/" + k] = std::move(v);
+  } else {
+    d.optimizer = load_tensors(dir, m, rank_file("optimizer", source, "safetensors"));
+  }
   std::string extra = rank_file("extra", source, "safetensors");
   if (m.files.count(extra)) d.extra_tensors = load_tensors(dir, m, extra);
   std::string state = load_text(dir, m, "trainer_state.json");
@@ -543,6 +552,9 @@ void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bo
           {"step", step},
           {"world_size", world_size_},
           {"stable", stable},
+          // ZeRO-1: each optimizer.rank{r} holds one rank's part of the state (zero.range says
+          // which), not a whole copy; a resume at another world size reads all of them.
+          {"optimizer_sharded", data.optimizer.count("zero.range") > 0},
           {"keel_version", keel_version_},
           {"config_hash", config_hash_},
           {"created", utc_now_iso(now)},

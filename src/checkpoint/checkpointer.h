@@ -55,7 +55,7 @@ namespace keel::checkpoint {
 // What a checkpoint holds. Tensors may live on any device; they are read back on CPU.
 struct CheckpointData {
   std::map<std::string, torch::Tensor> model;
-  std::map<std::string, torch::Tensor> optimizer;      // this rank's
+  std::map<std::string, torch::Tensor> optimizer;      // this rank's (or every rank's part)
   std::map<std::string, torch::Tensor> extra_tensors;  // RNG states (uint8), loss-scaler state, ...
   nlohmann::json trainer_state;  // step, schedule, data position, guard state, counters (opaque)
   std::string config_yaml;
@@ -70,6 +70,7 @@ struct Manifest {
   int64_t step = 0;
   int world_size = 1;
   bool stable = false;
+  bool optimizer_sharded = false;  // ZeRO-1: optimizer.rank{r} holds rank r's part of the state
   std::string keel_version;
   std::string config_hash;
   std::string created;          // UTC, ISO 8601

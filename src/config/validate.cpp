@@ -316,11 +316,12 @@ void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& 
   c.positive("distributed.timeout_s", d.timeout_s);
   c.positive("distributed.bucket_mb", d.bucket_mb);
   if (d.zero != 0 && d.zero != 1)
-    c.error("distributed.zero", "must be 0 or 1 (got " + num(d.zero) + ")");
-  else if (d.zero == 1)
     c.error("distributed.zero",
-            "1 (ZeRO-1: the optimizer state sharded across ranks) is not implemented yet (issue "
-            "13); every rank keeps the whole optimizer state; set it to 0");
+            "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each rank keeps "
+            "its part); got " +
+                num(d.zero) +
+                " (ZeRO-2/3 shard gradients and weights too and are "
+                "not built)");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {

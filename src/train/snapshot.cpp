@@ -101,6 +101,10 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
       p.copy_(it->second);
     }
   }
+  if (cfg.distributed.zero == 0 && dist::is_sharded_state(data.optimizer))
+    throw CheckpointError(
+        "the checkpoint's optimizer state is sharded across ranks (written with distributed.zero: "
+        "1)\nHINT: resume with --set distributed.zero=1 (at any world size)");
   optimizer->load_state_dict(data.optimizer);
   if (scaler) {
     std::map<std::string, torch::Tensor> st;

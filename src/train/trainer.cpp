@@ -250,7 +250,10 @@ void Trainer::State::setup() {
     named_params.emplace_back(item.key(), item.value());
     params.push_back(item.value());
   }
-  optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
+  optimizer =
+      cfg.distributed.zero == 1
+          ? dist::make_zero_optimizer(named_params, cfg.optim, comm)
+          : optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
   if (precision == optim::Precision::kFp16)
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);

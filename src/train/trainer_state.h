@@ -22,6 +22,7 @@
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
+#include "dist/zero_optimizer.h"
 #include "guard/guard.h"
 #include "model/fused_ops.h"
 #include "model/transformer.h"

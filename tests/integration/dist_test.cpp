@@ -90,6 +90,14 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
                      " --set data.grad_accum_steps=2 --set distributed.bucket_mb=0.1");
   ASSERT_EQ(r5.exit_code, 0) << r5.output;
   expect_same_losses(a, losses(accum));
+
+  // ZeRO-1: each rank updates its half of the weights with its half of the AdamW state, and the
+  // halves are all-gathered: the same training again.
+  ScratchDir zero("dist_zero");
+  auto r6 = run_keel("launch --nproc 2 -- " + tiny_args(zero, 8, 50) + " --set distributed.zero=1");
+  ASSERT_EQ(r6.exit_code, 0) << r6.output;
+  EXPECT_NE(r6.output.find("(zero1: state sharded over 2 ranks)"), std::string::npos) << r6.output;
+  expect_same_losses(a, losses(zero));
 }
 
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
@@ -139,10 +147,12 @@ std::map<int64_t, nlohmann::json> by_step(const std::filesystem::path& file) {
 
 // Checkpointed at world size 2 (rank 1 crashes at iteration 25, after the checkpoint at step 20):
 // resumed at 2 ranks it continues bit for bit as the uninterrupted run; resumed at 1 rank of
-// micro-batch 2B it continues the same global sample order, at the same losses.
-TEST(DistIntegration, ResumeAtTheSameOrAnotherWorldSize) {
-  ScratchDir ref("dist_ref"), two("dist_resume_two"), one("dist_resume_one");
-  const std::string record = " --set logging.sample_ids=true --set checkpoint.every_steps=10";
+// micro-batch 2B it continues the same global sample order, at the same losses. `extra` is added
+// to every run (ZeRO-1 or not).
+void expect_resume_across_world_sizes(const std::string& name, const std::string& extra) {
+  ScratchDir ref(name + "_ref"), two(name + "_two"), one(name + "_one");
+  const std::string record =
+      " --set logging.sample_ids=true --set checkpoint.every_steps=10" + extra;
   auto r = run_keel("launch --nproc 2 -- " + tiny_args(ref, 8, 40) + record);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_keel("launch --nproc 2 --grace 5 -- " + tiny_args(two, 8, 40) + record +
@@ -171,6 +181,33 @@ TEST(DistIntegration, ResumeAtTheSameOrAnotherWorldSize) {
     ASSERT_TRUE(ref_samples.count(step) && one_samples.count(step)) << step;
     EXPECT_EQ(one_samples.at(step)["ids"], ref_samples.at(step)["ids"]) << "2 -> 1, step " << step;
   }
+}
+
+TEST(DistIntegration, ResumeAtTheSameOrAnotherWorldSize) {
+  expect_resume_across_world_sizes("dist_resume", "");
+}
+
+// ZeRO-1's checkpoints hold one part of the optimizer state per rank (the manifest says so); a
+// resume at 2 ranks reads its own part, at 1 rank both parts. A run without ZeRO cannot take them.
+TEST(DistIntegration, ZeroOneShardsTheOptimizerStateAndResumesAtAnyWorldSize) {
+  expect_resume_across_world_sizes("dist_zero_resume", " --set distributed.zero=1");
+
+  ScratchDir d("dist_zero_files");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 4) + " --set distributed.zero=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ckpt = d.path() / "checkpoints" / "step_00000004";
+  std::ifstream manifest_file(ckpt / "MANIFEST.json");
+  const auto manifest = nlohmann::json::parse(manifest_file);
+  EXPECT_EQ(manifest["optimizer_sharded"], true);
+  const auto model = std::filesystem::file_size(ckpt / "model.safetensors");
+  for (const char* part : {"optimizer.rank0.safetensors", "optimizer.rank1.safetensors"}) {
+    const auto size = std::filesystem::file_size(ckpt / part);  // AdamW: 2 moments, half each
+    EXPECT_GT(size, model * 9 / 10) << part;
+    EXPECT_LT(size, model * 11 / 10) << part;
+  }
+  r = run_keel(tiny_args(d, 16, 6) + " --resume latest");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("distributed.zero=1"), std::string::npos) << r.output;
 }
 
 // A rank that dies (SIGKILL at iteration 5) makes the job end, promptly and naming it: the other
