@@ -5,9 +5,9 @@ The same model and global batch trained four ways, alternating, --reps times:
   1 rank  x micro-batch 2B, run.threads = cores
   2 ranks x micro-batch B (keel launch --nproc 2), run.threads = cores / 2 each, Gloo on loopback,
           with distributed.overlap true (gradient buckets all-reduced during the backward pass)
-          and false (one flat all-reduce after it), and with ZeRO-1 (distributed.zero=1: each
-          rank updates half the weights and an all-gather after the optimizer step, which
-          step_ms holds and comm_ms does not, gives both ranks the whole model)
+          and false (one flat all-reduce after it), and with ZeRO-1 (distributed.zero=1: the
+          buckets reduce-scattered, each rank updates half the weights, and an all-gather after
+          the optimizer step, which step_ms holds and comm_ms does not, gives both the whole model)
 and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms`
 (metrics.jsonl) is the host time the step waited for the gradient all-reduce after the backward
 pass: with overlap, the part the backward pass did not hide.

@@ -4,9 +4,9 @@
 #      fused AdamW kernel) and SDPA attention; every loss and gradient norm must be finite, no step
 #      skipped or rolled back, and the loss must fall;
 #   2. NCCL: the same 20 steps as one rank of a c10d NCCL process group (torchrun's variables for
-#      one rank and distributed.backend=nccl) with ZeRO-1, its gradient buckets all-reduced from
-#      the backward pass's hooks and the weights all-gathered after each step; finite and falling,
-#      and the log shows the group, ZeRO-1 and the buckets;
+#      one rank and distributed.backend=nccl) with ZeRO-1, its gradient buckets reduce-scattered
+#      from the backward pass's hooks and the weights all-gathered after each step; finite and
+#      falling, and the log shows the group, ZeRO-1 and the buckets;
 #   3. throughput: a 124M (gpt2-small dimensions) and a 350M (gpt2-medium dimensions) llama-style
 #      model trained in bf16 by keel and by the plain PyTorch reference (bench/reference/), in
 #      alternating pairs (bench/run.py), and a Markdown table of median tokens/s, the
@@ -164,9 +164,9 @@ fi
 
 # ---- 2. NCCL: one rank, its process group made and its collectives run -----------------------
 # torchrun's variables for one rank, and distributed.backend named: keel makes the NCCL group
-# (rendezvous through a TCPStore on loopback), all-reduces its gradient buckets from the backward
-# pass's hooks and, with ZeRO-1, all-gathers the updated weights after each step. The same 20
-# steps as part 1: finite, falling, and close to part 1's.
+# (rendezvous through a TCPStore on loopback) and, with ZeRO-1, reduce-scatters its gradient
+# buckets from the backward pass's hooks and all-gathers the updated weights after each step. The
+# same 20 steps as part 1: finite, falling, and close to part 1's.
 port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log "nccl: the same 20 steps as one rank of a c10d NCCL group (MASTER_PORT $port)"
 if (cd "$tmp" && env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
@@ -189,11 +189,13 @@ if "rank 0 of 1 (0 from torchrun), nccl over 127.0.0.1" not in log_text:
     problems.append("keel made no NCCL process group (no 'nccl over' in its log)")
 if "(zero1: state sharded over 1 rank)" not in log_text:
     problems.append("keel did not use ZeRO-1 (no 'zero1' in its log)")
-buckets = re.search(r"gradients all-reduced in (\d+) buckets; (\d+) of them started during", log_text)
+buckets = re.search(r"gradients reduce-scattered in (\d+) buckets; (\d+) of them started during",
+                    log_text)
 if not buckets:
-    problems.append("no gradient buckets were all-reduced (no 'gradients all-reduced in' line)")
+    problems.append("no gradient buckets were reduce-scattered (no 'gradients reduce-scattered "
+                    "in' line)")
 else:
-    print(f"[gpu_check] nccl: gradients all-reduced in {buckets[1]} buckets, "
+    print(f"[gpu_check] nccl: gradients reduce-scattered in {buckets[1]} buckets, "
           f"{buckets[2]} started during the backward pass")
 if [m["step"] for m in metrics] != list(range(1, 21)):
     problems.append(f"expected records of steps 1..20, got {[m['step'] for m in metrics]}")
@@ -218,7 +220,7 @@ for p in problems:
     print(f"[gpu_check] nccl: {p}")
 sys.exit(1 if problems else 0)
 EOF
-    log "nccl: ok (a 1-rank NCCL group: buckets all-reduced, finite, falling)"
+    log "nccl: ok (a 1-rank NCCL group: buckets reduce-scattered, finite, falling)"
   else
     tail -n 20 "$tmp/nccl.log" >&2
     log "nccl: FAILED"

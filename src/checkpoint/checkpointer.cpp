@@ -552,9 +552,9 @@ void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bo
           {"step", step},
           {"world_size", world_size_},
           {"stable", stable},
-          // ZeRO-1: each optimizer.rank{r} holds one rank's part of the state (zero.range says
-          // which), not a whole copy; a resume at another world size reads all of them.
-          {"optimizer_sharded", data.optimizer.count("zero.range") > 0},
+          // ZeRO-1: each optimizer.rank{r} holds one rank's part of the state (zero.pieces
+          // says which), not a whole copy; a resume at another world size reads all of them.
+          {"optimizer_sharded", data.optimizer.count("zero.pieces") > 0},
           {"keel_version", keel_version_},
           {"config_hash", config_hash_},
           {"created", utc_now_iso(now)},

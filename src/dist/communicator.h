@@ -40,6 +40,11 @@ class Communicator {
   // computing while it runs (gradient buckets during the backward pass). Every rank must start
   // the same collectives in the same order. The default runs it to completion here.
   virtual std::unique_ptr<PendingWork> all_reduce_sum_async_(torch::Tensor flat);
+  // Starts a sum of `input` (world_size x output.numel() elements) across ranks of which this
+  // rank receives its part, elements [rank * n, (rank + 1) * n), in `output`. Same rules as
+  // all_reduce_sum_async_. The default all-reduces `input` and copies the part.
+  virtual std::unique_ptr<PendingWork> reduce_scatter_sum_async_(torch::Tensor input,
+                                                                 torch::Tensor output);
 
   // Averages gradients in place: sum then divide by world size.
   void all_reduce_mean_(std::vector<torch::Tensor>& tensors);

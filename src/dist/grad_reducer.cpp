@@ -17,8 +17,9 @@ class GradReducer::Hook final : public torch::autograd::PostAccumulateGradHook {
   int64_t param_;
 };
 
-GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb)
-    : comm_(comm), params_(std::move(params)) {
+GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb,
+                         bool sharded)
+    : comm_(comm), params_(std::move(params)), sharded_(sharded) {
   // Reverse order: the last layers' gradients are ready first. The first bucket is small (at most
   // 1 MiB, as DDP's) so that communication starts early in the backward pass.
   const double cap = bucket_mb * 1024 * 1024;
@@ -43,9 +44,13 @@ GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, 
     bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
     bytes += static_cast<double>(p.numel() * p.element_size());
   }
+  const int64_t world = comm_.world_size();
   for (auto& b : buckets_) {
-    const int64_t n = b.offsets.back() + params_[b.params.back()].numel();
-    b.flat = torch::zeros({n}, b.flat.options());
+    b.numel = b.offsets.back() + params_[b.params.back()].numel();
+    b.part = sharded_ ? (b.numel + world - 1) / world : b.numel;
+    // Sharded, the padding stays zero: its part of the sum is zero and nobody owns it.
+    b.flat = torch::zeros({sharded_ ? b.part * world : b.numel}, b.flat.options());
+    if (sharded_) b.shard = torch::zeros({b.part}, b.flat.options());
     b.pending = static_cast<int64_t>(b.params.size());
   }
   ready_.assign(params_.size(), false);
@@ -61,16 +66,17 @@ GradReducer::~GradReducer() {
     if (bucket_of_[i] >= 0) torch::autograd::impl::set_post_acc_grad_hooks(params_[i], nullptr);
 }
 
-void GradReducer::arm() {
+void GradReducer::arm(bool start_in_backward) {
   std::lock_guard<std::mutex> lock(mutex_);
   abandon();  // a step that failed mid-way may have left buckets in flight
   started_in_backward_ = 0;
+  start_in_backward_ = start_in_backward;
   armed_ = true;
 }
 
 void GradReducer::on_ready(int64_t param) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!armed_ || ready_[param]) return;
+  if (!armed_ || !start_in_backward_ || ready_[param]) return;
   ready_[param] = true;
   --buckets_[bucket_of_[param]].pending;
   while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
@@ -88,7 +94,8 @@ void GradReducer::start(Bucket& b) {
     else
       slice.zero_();
   }
-  b.work = comm_.all_reduce_sum_async_(b.flat);
+  b.work = sharded_ ? comm_.reduce_scatter_sum_async_(b.flat, b.shard)
+                    : comm_.all_reduce_sum_async_(b.flat);
 }
 
 void GradReducer::finish() {
@@ -99,6 +106,10 @@ void GradReducer::finish() {
   for (auto& b : buckets_) {
     auto work = std::move(b.work);
     work->wait();
+    if (sharded_) {
+      b.shard.div_(world);
+      continue;
+    }
     b.flat.div_(world);
     for (size_t k = 0; k < b.params.size(); ++k) {
       auto& p = params_[b.params[k]];
@@ -110,6 +121,45 @@ void GradReducer::finish() {
     }
   }
   abandon();  // nothing left in flight: this only resets the step's state
+}
+
+std::vector<GradReducer::Piece> GradReducer::owned_pieces() const {
+  std::vector<Piece> out;
+  if (!sharded_) return out;
+  const int64_t rank = comm_.rank();
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const int64_t first = rank * b.part, last = std::min(b.numel, (rank + 1) * b.part);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int64_t o = b.offsets[k], n = params_[b.params[k]].numel();
+      const int64_t from = std::max(o, first), to = std::min(o + n, last);
+      if (from < to)
+        out.push_back({b.params[k], from - o, to - o, static_cast<int64_t>(bi), from - first});
+    }
+  }
+  return out;
+}
+
+void GradReducer::all_gather_params() {
+  if (!sharded_ || buckets_.empty()) return;
+  torch::NoGradGuard no_grad;
+  // This rank's part of every bucket, back to back: one collective for the whole model.
+  std::vector<int64_t> at(buckets_.size() + 1, 0);
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) at[bi + 1] = at[bi] + buckets_[bi].part;
+  torch::Tensor mine = torch::zeros({at.back()}, buckets_[0].flat.options());
+  for (const Piece& piece : owned_pieces())
+    mine.narrow(0, at[piece.bucket] + piece.offset, piece.end - piece.begin)
+        .copy_(params_[piece.param].detach().reshape({-1}).narrow(0, piece.begin,
+                                                                  piece.end - piece.begin));
+  const torch::Tensor all = comm_.all_gather(mine).view({comm_.world_size(), at.back()});
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const torch::Tensor flat = all.narrow(1, at[bi], b.part).reshape({-1});  // rank-major
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      auto p = params_[b.params[k]].detach();
+      p.view({-1}).copy_(flat.narrow(0, b.offsets[k], p.numel()));
+    }
+  }
 }
 
 void GradReducer::abandon() {

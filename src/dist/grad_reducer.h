@@ -16,21 +16,41 @@
 
 namespace keel::dist {
 
+// Sharded (ZeRO-1): each bucket is reduce-scattered instead of all-reduced. Rank r of W receives
+// the mean of part r of every bucket (ceil(n/W) elements of its flat buffer) and owns those
+// elements: it updates them, and all_gather_params() gives every rank the others' parts. The
+// parameters' own .grad then keep this rank's unreduced gradients; shard(b) holds the mean.
 class GradReducer {
  public:
   // `params` are the trainable parameters (leaves); their hooks stay until the reducer goes.
-  GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb);
+  GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb,
+              bool sharded = false);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
   // The next backward pass is the step's last (gradient accumulation: only the final micro-step
-  // communicates): buckets start as they fill.
-  void arm();
+  // communicates): buckets start as they fill, unless `start_in_backward` is false (then all
+  // start in finish(), after whatever changes the gradients after the backward pass).
+  void arm(bool start_in_backward = true);
   bool armed() const { return armed_; }
   // Starts every bucket not yet started (a parameter without a gradient this step counts as
-  // zeros), waits for all of them and writes the mean over ranks back into each .grad. Disarms.
+  // zeros), waits for all of them and writes the mean over ranks back into each .grad (sharded:
+  // into shard(b)). Disarms.
   void finish();
+
+  bool sharded() const { return sharded_; }
+  // Sharded: the elements this rank owns, as pieces of parameters: elements [begin, end) of
+  // params[param] (flattened) are elements [offset, offset + end - begin) of shard(bucket).
+  struct Piece {
+    int64_t param = 0, begin = 0, end = 0;
+    int64_t bucket = 0, offset = 0;
+  };
+  std::vector<Piece> owned_pieces() const;
+  const torch::Tensor& shard(int64_t bucket) const { return buckets_[bucket].shard; }
+  // Sharded: every rank's owned elements of the parameters (as they are now) to every rank, in
+  // one all-gather.
+  void all_gather_params();
 
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
   // Buckets started from the backward pass's hooks (not by finish) at the last finish: how much
@@ -41,7 +61,10 @@ class GradReducer {
   struct Bucket {
     std::vector<int64_t> params;  // indices into params_
     std::vector<int64_t> offsets;
-    torch::Tensor flat;
+    torch::Tensor flat;   // sharded: padded to world x part
+    torch::Tensor shard;  // sharded: this rank's part of the mean, `part` elements
+    int64_t numel = 0;    // of the parameters, without padding
+    int64_t part = 0;
     int64_t pending = 0;  // gradients not yet ready in this backward
     std::unique_ptr<PendingWork> work;
   };
@@ -58,7 +81,9 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
   std::mutex mutex_;  // the hooks run on autograd's threads
+  bool sharded_ = false;
   bool armed_ = false;
+  bool start_in_backward_ = true;
   size_t next_ = 0;  // the first bucket not yet started
   int64_t started_in_backward_ = 0;
 };

@@ -105,21 +105,31 @@ class ProcessGroupComm final : public Communicator {
     opts.timeout = timeout_;
     wait(pg_->barrier(opts), "barrier");
   }
+  std::unique_ptr<PendingWork> reduce_scatter_sum_async_(torch::Tensor input,
+                                                         torch::Tensor output) override {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = timeout_;
+    return std::make_unique<Pending>(*this, pg_->_reduce_scatter_base(output, input, opts),
+                                     "reduce_scatter (gradient bucket)");
+  }
   std::unique_ptr<PendingWork> all_reduce_sum_async_(torch::Tensor flat) override {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = timeout_;
     std::vector<at::Tensor> one{std::move(flat)};
-    return std::make_unique<Pending>(*this, pg_->allreduce(one, opts));
+    return std::make_unique<Pending>(*this, pg_->allreduce(one, opts),
+                                     "all_reduce (gradient bucket)");
   }
 
  private:
   struct Pending final : PendingWork {
-    Pending(ProcessGroupComm& comm, c10::intrusive_ptr<c10d::Work> work)
-        : comm(comm), work(std::move(work)) {}
-    void wait() override { comm.wait(work, "all_reduce (gradient bucket)"); }
+    Pending(ProcessGroupComm& comm, c10::intrusive_ptr<c10d::Work> work, const char* what)
+        : comm(comm), work(std::move(work)), what(what) {}
+    void wait() override { comm.wait(work, what); }
     ProcessGroupComm& comm;
     c10::intrusive_ptr<c10d::Work> work;
+    const char* what;
   };
 
   void all_reduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp op) {

@@ -1,7 +1,6 @@
 #include "dist/zero_optimizer.h"
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <regex>
 #include <unordered_map>
@@ -12,231 +11,259 @@ namespace keel::dist {
 
 using torch::Tensor;
 
-ShardRange shard_range(int64_t numel, int rank, int world) {
-  const int64_t part = (numel + world - 1) / world;
-  ShardRange r;
-  r.begin = std::min<int64_t>(numel, part * rank);
-  r.end = std::min<int64_t>(numel, part * (rank + 1));
-  return r;
-}
-
 bool is_sharded_state(const std::map<std::string, Tensor>& state) {
-  return state.count("zero.range") > 0 || state.count("rank0/zero.range") > 0;
+  return state.count("zero.pieces") > 0 || state.count("rank0/zero.pieces") > 0;
 }
 
 namespace {
 
-constexpr const char* kRange = "zero.range";
+constexpr const char* kPieces = "zero.pieces";
+constexpr const char* kParamNumel = "zero.param_numel";
 
-// A piece of one parameter inside this rank's range: the inner optimizer's parameter `index` of
-// group `group` is a view of elements [begin, end) of the flat order.
-struct Slice {
-  int64_t param = 0;  // index into the model's parameters
-  size_t group = 0;
-  size_t index = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
-  Tensor view;  // shares the parameter's storage; its .grad is set for each step
-};
-
-// One rank's saved shard: its range and its tensors, under `prefix` in the loaded state.
-struct SavedShard {
-  std::string prefix;
-  int64_t begin = 0, end = 0, numel = 0;
-};
-
-class ZeroOptimizer final : public optim::Optimizer {
- public:
-  ZeroOptimizer(std::vector<optim::ParamGroup> groups,
-                const std::vector<std::pair<std::string, Tensor>>& named_params,
-                const config::OptimConfig& cfg, Communicator& comm)
-      : Optimizer(std::move(groups)), comm_(comm) {
-    std::unordered_map<const void*, size_t> group_of;
-    for (size_t g = 0; g < groups_.size(); ++g)
-      for (const auto& p : groups_[g].params) group_of[p.unsafeGetTensorImpl()] = g;
-    for (const auto& [name, p] : named_params) {
-      if (!group_of.count(p.unsafeGetTensorImpl())) continue;  // not trained
-      if (!params_.empty() &&
-          (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device()))
-        throw ConfigError("distributed.zero: 1 needs every parameter in one dtype on one device (" +
-                          name + " differs)");
-      if (!p.is_contiguous()) throw ConfigError("distributed.zero: 1: " + name + " is a view");
-      params_.push_back(p);
-      offsets_.push_back(numel_);
-      numel_ += p.numel();
-    }
-    range_ = shard_range(numel_, comm.rank(), comm.world_size());
-    part_ = (numel_ + comm.world_size() - 1) / comm.world_size();
-
-    std::vector<optim::ParamGroup> shard(groups_.size());
-    for (size_t g = 0; g < groups_.size(); ++g) shard[g].weight_decay = groups_[g].weight_decay;
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const int64_t first = offsets_[i], last = offsets_[i] + params_[i].numel();
-      const int64_t b = std::max(first, range_.begin), e = std::min(last, range_.end);
-      if (b >= e) continue;
-      Slice s;
-      s.param = static_cast<int64_t>(i);
-      s.group = group_of.at(params_[i].unsafeGetTensorImpl());
-      s.index = shard[s.group].params.size();
-      s.begin = b;
-      s.end = e;
-      s.view = params_[i].detach().view(-1).narrow(0, b - first, e - b);
-      shard[s.group].names.push_back(groups_[s.group].names.at(index_in_group(s.group, i)));
-      shard[s.group].params.push_back(s.view);
-      slices_.push_back(std::move(s));
-    }
-    inner_ = optim::make_optimizer(std::move(shard), cfg);
-  }
-
-  void step(double lr, const std::optional<Tensor>& found_inf) override {
-    torch::NoGradGuard no_grad;
-    for (auto& s : slices_) {
-      const Tensor& g = params_[s.param].grad();
-      s.view.mutable_grad() =
-          g.defined() ? g.reshape(-1).narrow(0, s.begin - offsets_[s.param], s.end - s.begin)
-                      : Tensor();
-    }
-    inner_->step(lr, found_inf);
-    // The slices' gradients are views of the model's: drop them, or they outlive zero_grad.
-    for (auto& s : slices_) s.view.mutable_grad().reset();
-    if (!comm_.is_process_group()) return;  // one rank owns everything
-    // Every rank's updated part, in rank order, is the whole flat order (padded to world parts).
-    Tensor mine = torch::zeros({part_}, params_[0].options());
-    for (const auto& s : slices_)
-      mine.narrow(0, s.begin - range_.begin, s.end - s.begin).copy_(s.view);
-    const Tensor all = comm_.all_gather(mine);
-    for (size_t i = 0; i < params_.size(); ++i)
-      params_[i].view(-1).copy_(all.narrow(0, offsets_[i], params_[i].numel()));
-  }
-
-  std::map<std::string, Tensor> state_dict() const override {
-    std::map<std::string, Tensor> out;
-    for (auto& [key, t] : inner_->state_dict()) {
-      std::string what;
-      if (const Slice* s = slice_of(key, &what)) {
-        auto it = out.find("zero." + what);
-        if (it == out.end())
-          it = out.emplace("zero." + what, torch::zeros({range_.size()}, t.options())).first;
-        it->second.narrow(0, s->begin - range_.begin, s->end - s->begin).copy_(t.reshape(-1));
-      } else {
-        out[key] = t.clone();
-      }
-    }
-    out[kRange] = torch::tensor({range_.begin, range_.end, numel_}, torch::kInt64);
-    return out;
-  }
-
-  void load_state_dict(const std::map<std::string, Tensor>& state) override {
-    std::vector<SavedShard> shards;
-    auto read_range = [&](const std::string& prefix) {
-      const Tensor r = state.at(prefix + kRange).to(torch::kCPU, torch::kInt64).contiguous();
-      if (r.numel() != 3)
-        throw CheckpointError("optimizer state: '" + prefix + kRange + "' is not [begin, end, n]");
-      const int64_t* v = r.data_ptr<int64_t>();
-      if (v[2] != numel_)
-        throw CheckpointError("optimizer state: the sharded state covers " + std::to_string(v[2]) +
-                              " parameter elements, this model has " + std::to_string(numel_) +
-                              "\nHINT: the model config changed since the checkpoint was written");
-      shards.push_back({prefix, v[0], v[1], v[2]});
-    };
-    if (state.count(kRange)) {
-      read_range("");
-    } else {
-      for (int r = 0; state.count("rank" + std::to_string(r) + "/" + kRange); ++r)
-        read_range("rank" + std::to_string(r) + "/");
-    }
-    if (shards.empty())
-      throw CheckpointError(
-          "optimizer state: not sharded (written with distributed.zero: 0)\nHINT: resume with "
-          "distributed.zero: 0, the setting it was written with");
-
-    // The inner optimizer's state as it has it now, refilled from the shards.
-    std::map<std::string, Tensor> mine = inner_->state_dict();
-    std::map<std::string, int64_t> covered;  // per kind of state: elements of the range filled
-    for (auto& [key, dst] : mine) {
-      std::string what;
-      const Slice* s = slice_of(key, &what);
-      Tensor target = dst.detach().clone();
-      if (!s) {  // per-group (the step counter): a rank that held none of a group never counted
-        bool found = false;
-        for (const auto& sh : shards) {
-          auto it = state.find(sh.prefix + key);
-          if (it == state.end()) continue;
-          target = found ? torch::maximum(target, it->second.to(target.device()))
-                         : it->second.to(target.device(), target.scalar_type()).clone();
-          found = true;
-        }
-        if (!found) throw CheckpointError("optimizer state: missing '" + key + "'");
-        dst = target;
-        continue;
-      }
-      Tensor flat = target.view(-1);
-      for (const auto& sh : shards) {
-        const int64_t b = std::max(s->begin, sh.begin), e = std::min(s->end, sh.end);
-        if (b >= e) continue;
-        auto it = state.find(sh.prefix + "zero." + what);
-        if (it == state.end() || it->second.numel() != sh.end - sh.begin)
-          throw CheckpointError("optimizer state: '" + sh.prefix + "zero." + what +
-                                "' is missing or does not match its range");
-        flat.narrow(0, b - s->begin, e - b)
-            .copy_(it->second.reshape(-1).narrow(0, b - sh.begin, e - b));
-        covered[what] += e - b;
-      }
-      dst = target;
-    }
-    for (const auto& [what, n] : covered)
-      if (n != range_.size())
-        throw CheckpointError("optimizer state: the shards cover " + std::to_string(n) + " of " +
-                              std::to_string(range_.size()) + " elements of zero." + what +
-                              " this rank owns (a rank's optimizer file is missing?)");
-    inner_->load_state_dict(mine);
-  }
-
-  std::string describe() const override {
-    return inner_->describe() + " (zero1: state sharded over " +
-           std::to_string(comm_.world_size()) + " rank" + (comm_.world_size() == 1 ? "" : "s") +
-           ")";
-  }
-
- private:
-  size_t index_in_group(size_t g, size_t param) const {
-    const auto& ps = groups_[g].params;
-    for (size_t k = 0; k < ps.size(); ++k)
-      if (ps[k].unsafeGetTensorImpl() == params_[param].unsafeGetTensorImpl()) return k;
-    throw std::logic_error("zero: parameter not in its group");
-  }
-
-  // The slice a per-parameter state key "group{g}.param{i}.{what}" belongs to (and `what`), or
-  // null for a per-group key.
-  const Slice* slice_of(const std::string& key, std::string* what) const {
-    static const std::regex pattern(R"(group(\d+)\.param(\d+)\.(\w+))");
-    std::smatch m;
-    if (!std::regex_match(key, m, pattern)) return nullptr;
-    const size_t g = std::stoul(m[1]), i = std::stoul(m[2]);
-    *what = m[3];
-    for (const auto& s : slices_)
-      if (s.group == g && s.index == i) return &s;
-    throw std::logic_error("zero: no slice for optimizer state " + key);
-  }
-
-  Communicator& comm_;
-  std::vector<Tensor> params_;  // trainable, in model order
-  std::vector<int64_t> offsets_;
-  int64_t numel_ = 0;
-  int64_t part_ = 0;  // elements per rank (the last rank's range may be shorter)
-  ShardRange range_;
-  std::vector<Slice> slices_;
-  std::unique_ptr<optim::Optimizer> inner_;
-};
+Tensor int64_cpu(const Tensor& t) { return t.to(torch::kCPU, torch::kInt64).contiguous(); }
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> make_zero_optimizer(
-    const std::vector<std::pair<std::string, Tensor>>& named_params, const config::OptimConfig& cfg,
-    Communicator& comm) {
-  return std::make_unique<ZeroOptimizer>(optim::make_param_groups(named_params, cfg), named_params,
-                                         cfg, comm);
+ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, Tensor>>& named_params,
+                             const config::OptimConfig& cfg, Communicator& comm,
+                             GradReducer* reducer)
+    : Optimizer(optim::make_param_groups(named_params, cfg)), comm_(comm), reducer_(reducer) {
+  std::unordered_map<const void*, std::pair<size_t, size_t>> place;  // impl -> (group, index)
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t k = 0; k < groups_[g].params.size(); ++k)
+      place[groups_[g].params[k].unsafeGetTensorImpl()] = {g, k};
+  for (const auto& [name, p] : named_params) {
+    if (!p.is_contiguous())
+      throw ConfigError("distributed.zero: 1: " + name + " is not contiguous");
+    params_.push_back(p);
+  }
+
+  // What this rank owns: the reducer's pieces, or (one process) every trained parameter whole.
+  if (reducer_) {
+    for (const auto& rp : reducer_->owned_pieces()) {
+      Piece piece;
+      piece.param = rp.param;
+      piece.begin = rp.begin;
+      piece.end = rp.end;
+      piece.bucket = rp.bucket;
+      piece.offset = rp.offset;
+      pieces_.push_back(std::move(piece));
+    }
+  } else {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Piece piece;
+      piece.param = static_cast<int64_t>(i);
+      piece.end = params_[i].numel();
+      pieces_.push_back(std::move(piece));
+    }
+  }
+
+  std::vector<optim::ParamGroup> shard(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) shard[g].weight_decay = groups_[g].weight_decay;
+  torch::NoGradGuard no_grad;
+  std::vector<Piece> trained;
+  for (auto& piece : pieces_) {
+    const auto it = place.find(params_[piece.param].unsafeGetTensorImpl());
+    if (it == place.end()) continue;  // not trained (no gradient)
+    const auto [g, k] = it->second;
+    piece.group = g;
+    piece.index = shard[g].params.size();
+    piece.view =
+        params_[piece.param].detach().view({-1}).narrow(0, piece.begin, piece.end - piece.begin);
+    shard[g].names.push_back(groups_[g].names[k]);
+    shard[g].params.push_back(piece.view);
+    views_.push_back(piece.view);
+    trained.push_back(std::move(piece));
+  }
+  pieces_ = std::move(trained);
+  inner_ = optim::make_optimizer(std::move(shard), cfg);
+}
+
+const std::vector<Tensor>& ZeroOptimizer::attach_grads() {
+  if (attached_) return views_;
+  torch::NoGradGuard no_grad;
+  for (auto& piece : pieces_) {
+    const int64_t n = piece.end - piece.begin;
+    if (reducer_) {
+      piece.view.mutable_grad() = reducer_->shard(piece.bucket).narrow(0, piece.offset, n);
+    } else {
+      const Tensor& g = params_[piece.param].grad();
+      piece.view.mutable_grad() = g.defined() ? g.view({-1}).narrow(0, piece.begin, n) : Tensor();
+    }
+  }
+  attached_ = true;
+  return views_;
+}
+
+Tensor ZeroOptimizer::param_grad_norms() {
+  const auto opts = torch::dtype(torch::kFloat)
+                        .device(params_.empty() ? torch::Device(torch::kCPU) : params_[0].device());
+  Tensor squares = torch::zeros({static_cast<int64_t>(params_.size())}, opts);
+  std::vector<Tensor> grads;
+  std::vector<int64_t> owner;
+  for (const auto& piece : pieces_) {
+    if (!piece.view.grad().defined()) continue;
+    grads.push_back(piece.view.grad());
+    owner.push_back(piece.param);
+  }
+  if (!grads.empty()) {
+    const Tensor norms = torch::stack(at::_foreach_norm(grads, 2, at::kFloat));
+    squares.index_add_(0, torch::tensor(owner, torch::kInt64).to(opts.device()), norms * norms);
+  }
+  if (comm_.is_process_group()) {
+    std::vector<Tensor> one{squares};
+    comm_.all_reduce_sum_(one);
+    squares = one[0];
+  }
+  return squares.sqrt();
+}
+
+void ZeroOptimizer::step(double lr, const std::optional<Tensor>& found_inf) {
+  if (!attached_) attach_grads();
+  inner_->step(lr, found_inf);
+  // The pieces' gradients are views of the reducer's or the model's: drop them, or they outlive
+  // zero_grad.
+  detach_grads();
+  if (reducer_) reducer_->all_gather_params();
+}
+
+void ZeroOptimizer::zero_grad() {
+  Optimizer::zero_grad();
+  detach_grads();
+}
+
+void ZeroOptimizer::detach_grads() {
+  for (auto& piece : pieces_) piece.view.mutable_grad().reset();
+  attached_ = false;
+}
+
+const ZeroOptimizer::Piece* ZeroOptimizer::piece_of(const std::string& key,
+                                                    std::string* what) const {
+  static const std::regex pattern(R"(group(\d+)\.param(\d+)\.(\w+))");
+  std::smatch m;
+  if (!std::regex_match(key, m, pattern)) return nullptr;
+  const size_t g = std::stoul(m[1]), i = std::stoul(m[2]);
+  *what = m[3];
+  for (const auto& piece : pieces_)
+    if (piece.group == g && piece.index == i) return &piece;
+  throw std::logic_error("zero: no piece for optimizer state " + key);
+}
+
+std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
+  // The pieces back to back, in pieces_ order; offsets into the flat tensors.
+  std::vector<int64_t> at(pieces_.size() + 1, 0);
+  std::vector<int64_t> table;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    at[i + 1] = at[i] + pieces_[i].end - pieces_[i].begin;
+    table.insert(table.end(), {pieces_[i].param, pieces_[i].begin, pieces_[i].end});
+  }
+  std::map<std::string, Tensor> out;
+  for (auto& [key, t] : inner_->state_dict()) {
+    std::string what;
+    if (const Piece* piece = piece_of(key, &what)) {
+      auto it = out.find("zero." + what);
+      if (it == out.end())
+        it = out.emplace("zero." + what, torch::zeros({at.back()}, t.options())).first;
+      const size_t i = static_cast<size_t>(piece - pieces_.data());
+      it->second.narrow(0, at[i], at[i + 1] - at[i]).copy_(t.reshape({-1}));
+    } else {
+      out[key] = t.clone();
+    }
+  }
+  out[kPieces] =
+      torch::tensor(table, torch::kInt64).view({static_cast<int64_t>(pieces_.size()), 3});
+  std::vector<int64_t> numel;
+  for (const auto& p : params_) numel.push_back(p.numel());
+  out[kParamNumel] = torch::tensor(numel, torch::kInt64);
+  return out;
+}
+
+void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  std::vector<std::string> prefixes;
+  if (state.count(kPieces)) {
+    prefixes.push_back("");
+  } else {
+    for (int r = 0; state.count("rank" + std::to_string(r) + "/" + kPieces); ++r)
+      prefixes.push_back("rank" + std::to_string(r) + "/");
+  }
+  if (prefixes.empty())
+    throw CheckpointError(
+        "optimizer state: not sharded (written with distributed.zero: 0)\nHINT: resume with "
+        "distributed.zero: 0, the setting it was written with");
+
+  // Every saved piece, by parameter: (prefix, first element in its flat tensors, begin, end).
+  struct Saved {
+    std::string prefix;
+    int64_t at, begin, end;
+  };
+  std::unordered_map<int64_t, std::vector<Saved>> saved;
+  for (const auto& prefix : prefixes) {
+    const auto numel_it = state.find(prefix + kParamNumel);
+    const Tensor numel = numel_it == state.end() ? Tensor() : int64_cpu(numel_it->second);
+    bool same = numel.defined() && numel.numel() == static_cast<int64_t>(params_.size());
+    for (size_t i = 0; same && i < params_.size(); ++i)
+      same = numel.data_ptr<int64_t>()[i] == params_[i].numel();
+    if (!same)
+      throw CheckpointError("optimizer state: '" + prefix + kParamNumel +
+                            "' does not match this model's parameters\nHINT: the model config "
+                            "changed since the checkpoint was written");
+    const Tensor table = int64_cpu(state.at(prefix + kPieces));
+    const int64_t* row = table.data_ptr<int64_t>();
+    int64_t at = 0;
+    for (int64_t k = 0; k < table.size(0); ++k, row += 3) {
+      saved[row[0]].push_back({prefix, at, row[1], row[2]});
+      at += row[2] - row[1];
+    }
+  }
+
+  // The inner optimizer's state as it has it now, refilled from the saved pieces.
+  std::map<std::string, Tensor> mine = inner_->state_dict();
+  std::map<std::string, int64_t> covered;  // per kind of state: elements filled
+  int64_t owned = 0;
+  for (const auto& piece : pieces_) owned += piece.end - piece.begin;
+  for (auto& [key, dst] : mine) {
+    std::string what;
+    const Piece* piece = piece_of(key, &what);
+    Tensor target = dst.detach().clone();
+    if (!piece) {  // per group (the step counter): a rank that held none of a group never counted
+      bool found = false;
+      for (const auto& prefix : prefixes) {
+        auto it = state.find(prefix + key);
+        if (it == state.end()) continue;
+        const Tensor v = it->second.to(target.device(), target.scalar_type());
+        target = found ? torch::maximum(target, v) : v.clone();
+        found = true;
+      }
+      if (!found) throw CheckpointError("optimizer state: missing '" + key + "'");
+      dst = target;
+      continue;
+    }
+    covered.emplace(what, 0);
+    Tensor flat = target.view({-1});
+    for (const auto& s : saved[piece->param]) {
+      const int64_t b = std::max(piece->begin, s.begin), e = std::min(piece->end, s.end);
+      if (b >= e) continue;
+      auto it = state.find(s.prefix + "zero." + what);
+      if (it == state.end())
+        throw CheckpointError("optimizer state: missing '" + s.prefix + "zero." + what + "'");
+      flat.narrow(0, b - piece->begin, e - b)
+          .copy_(it->second.reshape({-1}).narrow(0, s.at + b - s.begin, e - b));
+      covered[what] += e - b;
+    }
+    dst = target;
+  }
+  for (const auto& [what, n] : covered)
+    if (n != owned)
+      throw CheckpointError("optimizer state: the saved parts cover " + std::to_string(n) +
+                            " of the " + std::to_string(owned) + " elements of zero." + what +
+                            " this rank owns (a rank's optimizer file is missing?)");
+  inner_->load_state_dict(mine);
+}
+
+std::string ZeroOptimizer::describe() const {
+  const int world = comm_.world_size();
+  return inner_->describe() + " (zero1: state sharded over " + std::to_string(world) + " rank" +
+         (world == 1 ? "" : "s") + ")";
 }
 
 }  // namespace keel::dist

@@ -1,13 +1,13 @@
 // ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-// Models", 2020): the optimizer state sharded across ranks. Each rank keeps the AdamW (or Lion)
-// moments of one contiguous part of the parameters' flat order, updates only that part of the
-// weights, and an all-gather gives every rank the whole updated model. The moments, 2x the fp32
-// weights for AdamW, shrink to 1/world per rank; the weights and gradients stay whole on every
-// rank, so the guard's per-layer gradient norms, clipping and update ratios are unchanged.
+// Models", 2020): the optimizer state sharded across ranks. The gradient buckets are
+// reduce-scattered (GradReducer, sharded), so each rank receives the mean gradient of the elements
+// it owns — part r of every bucket — keeps the AdamW (or Lion) moments of those elements only,
+// updates them, and one all-gather gives every rank the whole updated model. Per rank, AdamW's
+// moments (2x the fp32 weights) shrink to 1/world, and the traffic is that of an all-reduce.
 //
-// The flat order (every trainable parameter in model order, flattened and concatenated) does not
-// depend on the world size, and a shard's state is saved as flat tensors with its range: a
-// checkpoint written at one world size loads at another (and at zero: 1 on one rank).
+// The saved state names its elements by parameter and position ("zero.pieces"), not by rank or
+// bucket, so a checkpoint written at one world size (or bucket size) loads at another, and at
+// zero: 1 on one process.
 #pragma once
 
 #include <torch/torch.h>
@@ -20,30 +20,64 @@
 
 #include "config/schema.h"
 #include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "optim/optimizer.h"
 
 namespace keel::dist {
 
-// The part [begin, end) of a flat order of `numel` elements that rank `rank` of `world` owns:
-// consecutive parts of ceil(numel / world) elements, the last ones shorter (or empty).
-struct ShardRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
+class ZeroOptimizer final : public optim::Optimizer {
+ public:
+  // `named_params`: the model's parameters (fp32, one device), in the order the trainer keeps
+  // them. `reducer`: the sharded GradReducer of a process group over those parameters, which
+  // says what this rank owns and holds its reduced gradients; null: one process owns everything
+  // and its gradients are the parameters' own.
+  ZeroOptimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+                const config::OptimConfig& cfg, Communicator& comm, GradReducer* reducer);
+
+  // Points the owned pieces' .grad at their reduced gradients and returns the pieces (views of
+  // the weights): what unscaling and clipping act on after the reduction. Until the step or
+  // zero_grad, later calls return the same pieces without pointing them again.
+  const std::vector<torch::Tensor>& attach_grads();
+  // The norm of every parameter's whole reduced gradient, in named_params order (zero where it
+  // has none): each rank's pieces' squares, summed over the ranks. Call after attach_grads().
+  torch::Tensor param_grad_norms();
+
+  // Updates the owned pieces (with the gradients attach_grads attached, or attaches them), then
+  // all-gathers every rank's pieces.
+  void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
+  // The model's gradients and the pieces' (a step the guard refused leaves them attached).
+  void zero_grad() override;
+
+  // "zero.pieces" (int64 [k, 3]: parameter index, first, end element), "zero.param_numel" (int64
+  // per parameter), one flat tensor per kind of per-element state ("zero.exp_avg", ...) with the
+  // pieces back to back, and the inner optimizer's per-group entries (step counters).
+  std::map<std::string, torch::Tensor> state_dict() const override;
+  // This rank's own state_dict, or the states of every rank of a checkpoint keyed "rank{r}/..."
+  // (load_checkpoint gives that when the world size changed): each owned element is taken from
+  // whichever saved piece holds it.
+  void load_state_dict(const std::map<std::string, torch::Tensor>& state) override;
+  std::string describe() const override;
+
+ private:
+  struct Piece {
+    int64_t param = 0, begin = 0, end = 0;  // elements [begin, end) of params_[param], flattened
+    size_t group = 0, index = 0;            // its place in the inner optimizer
+    int64_t bucket = -1, offset = 0;        // where the reducer holds its gradient
+    torch::Tensor view;                     // of the weights; its .grad is set for each step
+  };
+  const Piece* piece_of(const std::string& key, std::string* what) const;
+  void detach_grads();
+
+  Communicator& comm_;
+  GradReducer* reducer_;
+  std::vector<torch::Tensor> params_;  // all of named_params
+  std::vector<Piece> pieces_;
+  std::vector<torch::Tensor> views_;  // pieces_[i].view
+  bool attached_ = false;
+  std::unique_ptr<optim::Optimizer> inner_;
 };
-ShardRange shard_range(int64_t numel, int rank, int world);
 
-// The optimizer `cfg` asks for, over this rank's shard of `named_params` (the model's trainable
-// parameters, fp32, on one device). Its state_dict holds "zero.range" (int64 [begin, end, numel])
-// and one flat tensor per kind of per-parameter state ("zero.exp_avg", ...) besides the inner
-// optimizer's per-group entries. load_state_dict takes that form (this rank's own shard), or the
-// shards of every rank of a checkpoint, keyed "rank{r}/..." (load_checkpoint gives that when the
-// world size changed), and takes from them the range this rank owns now.
-std::unique_ptr<optim::Optimizer> make_zero_optimizer(
-    const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
-    const config::OptimConfig& cfg, Communicator& comm);
-
-// True when `optimizer_state` (an Optimizer::state_dict, or load_checkpoint's shards) is ZeRO's.
+// True when `optimizer_state` (an Optimizer::state_dict, or load_checkpoint's parts) is ZeRO's.
 bool is_sharded_state(const std::map<std::string, torch::Tensor>& optimizer_state);
 
 }  // namespace keel::dist

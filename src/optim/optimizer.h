@@ -37,7 +37,7 @@ class Optimizer {
   // hold inf/nan, as produced by the loss scaler) the update is skipped on the device without a
   // host synchronisation: weights and state stay bit-identical.
   virtual void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) = 0;
-  void zero_grad();
+  virtual void zero_grad();
 
   // Fixed keys: "group{g}.param{i}.{exp_avg,exp_avg_sq,step}" etc. Loading checks every shape.
   virtual std::map<std::string, torch::Tensor> state_dict() const = 0;

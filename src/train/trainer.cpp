@@ -250,10 +250,19 @@ void Trainer::State::setup() {
     named_params.emplace_back(item.key(), item.value());
     params.push_back(item.value());
   }
-  optimizer =
-      cfg.distributed.zero == 1
-          ? dist::make_zero_optimizer(named_params, cfg.optim, comm)
-          : optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
+  // ZeRO-1 reduce-scatters the gradient buckets, so its reducer exists whether or not the buckets
+  // overlap the backward pass; without ZeRO, overlap: false is one flat all-reduce instead.
+  const bool zero = cfg.distributed.zero == 1;
+  if (comm.is_process_group() && (zero || cfg.distributed.overlap))
+    reducer = std::make_unique<dist::GradReducer>(comm, params, cfg.distributed.bucket_mb, zero);
+  if (zero) {
+    auto sharded =
+        std::make_unique<dist::ZeroOptimizer>(named_params, cfg.optim, comm, reducer.get());
+    zero_optimizer = sharded.get();
+    optimizer = std::move(sharded);
+  } else {
+    optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
+  }
   if (precision == optim::Precision::kFp16)
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
@@ -271,8 +280,6 @@ void Trainer::State::setup() {
   faults =
       std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
                                       cfg.model.vocab_size, cfg.run.seed + rank);
-  if (comm.is_process_group() && cfg.distributed.overlap)
-    reducer = std::make_unique<dist::GradReducer>(comm, params, cfg.distributed.bucket_mb);
   samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
@@ -400,9 +407,13 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     }
     torch::Tensor scaled = objective / static_cast<double>(accum);
     if (scaler) scaled = scaled * scaler->scale();
-    // Only the step's last backward communicates; its buckets start as they fill.
-    if (reducer && micro == accum - 1 && !faults->touches_gradients(counters.iteration))
-      reducer->arm();
+    // Only the step's last backward communicates; its buckets start as they fill (after it, when
+    // a fault is to change the gradients, or with overlap off).
+    if (reducer && micro == accum - 1) {
+      const bool start_in_backward =
+          cfg.distributed.overlap && !faults->touches_gradients(counters.iteration);
+      if (start_in_backward || reducer->sharded()) reducer->arm(start_in_backward);
+    }
     scaled.backward();
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
@@ -443,10 +454,9 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
       reducer->finish();
       if (!reducer_reported && comm.is_main()) {  // once: did the overlap happen?
         reducer_reported = true;
-        log::info("dist",
-                  "gradients all-reduced in {} buckets; {} of them started during the "
-                  "backward pass",
-                  reducer->buckets(), reducer->started_in_backward());
+        log::info("dist", "gradients {} in {} buckets; {} of them started during the backward pass",
+                  reducer->sharded() ? "reduce-scattered" : "all-reduced", reducer->buckets(),
+                  reducer->started_in_backward());
       }
     } else {
       std::vector<torch::Tensor> grads;
@@ -458,9 +468,21 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
     comm.all_reduce_sum_(totals);
     window.comm_s += seconds_since(comm_start);
   }
-  if (scaler) r.found_inf = scaler->unscale_(params);
+  // ZeRO-1: this rank holds the reduced gradient of its own elements only; the norms are summed
+  // over the ranks, and an overflow in any rank's part is an overflow for all.
+  const std::vector<torch::Tensor>& grads =
+      zero_optimizer ? zero_optimizer->attach_grads() : params;
+  if (scaler) {
+    r.found_inf = scaler->unscale_(grads);
+    if (zero_optimizer && comm.is_process_group()) {
+      std::vector<torch::Tensor> flag{*r.found_inf};
+      comm.all_reduce_max_(flag);
+      r.found_inf = flag[0];
+    }
+  }
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
-  r.param_norms = optim::per_param_grad_norms(params);
+  r.param_norms =
+      zero_optimizer ? zero_optimizer->param_grad_norms() : optim::per_param_grad_norms(params);
   r.screen_threshold = screen_threshold;
   if (screen_threshold) {
     // The gradients are a sum over the kept samples of 1/samples each; this makes them a mean.
@@ -593,7 +615,8 @@ void Trainer::State::reject(const Verdict& v, const StepResult& r) {
 // Clips, steps the optimizer and counts the update. At log steps it returns the per-layer
 // update/parameter ratios |Δw|/|w| (empty otherwise).
 std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr, bool log_step) {
-  optim::clip_grad_norm_(params, r.clip_bound, r.grad_norm, r.grad_scale);
+  optim::clip_grad_norm_(zero_optimizer ? zero_optimizer->attach_grads() : params, r.clip_bound,
+                         r.grad_norm, r.grad_scale);
   // A non-finite gradient never reaches the weights: the update is skipped on the device.
   torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
   torch::Tensor found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;

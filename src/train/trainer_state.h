@@ -206,6 +206,7 @@ struct Trainer::State {
   bool reducer_reported = false;
   std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
+  dist::ZeroOptimizer* zero_optimizer = nullptr;  // the optimizer, when distributed.zero is 1
   std::optional<optim::DynamicLossScaler> scaler;
 
   // Data.

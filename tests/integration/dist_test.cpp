@@ -91,13 +91,20 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
   ASSERT_EQ(r5.exit_code, 0) << r5.output;
   expect_same_losses(a, losses(accum));
 
-  // ZeRO-1: each rank updates its half of the weights with its half of the AdamW state, and the
-  // halves are all-gathered: the same training again.
-  ScratchDir zero("dist_zero");
+  // ZeRO-1: the buckets are reduce-scattered, each rank updates its half of the weights with its
+  // half of the AdamW state, and the halves are all-gathered: the same training again; also with
+  // the buckets reduced after the backward pass and gradient accumulation.
+  ScratchDir zero("dist_zero"), zero_late("dist_zero_late");
   auto r6 = run_keel("launch --nproc 2 -- " + tiny_args(zero, 8, 50) + " --set distributed.zero=1");
   ASSERT_EQ(r6.exit_code, 0) << r6.output;
   EXPECT_NE(r6.output.find("(zero1: state sharded over 2 ranks)"), std::string::npos) << r6.output;
+  EXPECT_NE(r6.output.find("gradients reduce-scattered in "), std::string::npos) << r6.output;
   expect_same_losses(a, losses(zero));
+  auto r7 = run_keel("launch --nproc 2 -- " + tiny_args(zero_late, 4, 50) +
+                     " --set distributed.zero=1 --set distributed.overlap=false"
+                     " --set data.grad_accum_steps=2");
+  ASSERT_EQ(r7.exit_code, 0) << r7.output;
+  expect_same_losses(a, losses(zero_late));
 }
 
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
