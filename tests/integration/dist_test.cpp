@@ -110,10 +110,10 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
 // on rank 1 only: both ranks drop the step, and the record names the samples of both (the screen is
 // off, so the loss alarm sees the step). A 100x lr on step 44's update, then: both ranks roll back
-// to the same stable snapshot and recover together.
-TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
-  ScratchDir d("dist_guard");
-  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 56) +
+// to the same stable snapshot and recover together. `extra` is added (ZeRO-1 or not).
+void expect_guard_decisions_together(const std::string& name, const std::string& extra) {
+  ScratchDir d(name);
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 56) + extra +
                     " --set model.d_model=128 --set model.seq_len=128 --set optim.lr=3e-3"
                     " --set checkpoint.stable.every_steps=10 --set stability.median_window=20"
                     " --set stability.recovery.steps=10 --set stability.screen.enabled=false"
@@ -143,6 +143,15 @@ TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
   }
   EXPECT_TRUE(rank0 && rank1) << "the quarantine must name both ranks' samples";
   EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"], 56);
+}
+
+TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
+  expect_guard_decisions_together("dist_guard", "");
+}
+
+// Under ZeRO-1 a rollback restores each rank's part of the optimizer state.
+TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroOne) {
+  expect_guard_decisions_together("dist_guard_zero", " --set distributed.zero=1");
 }
 
 // The newest record of each step: a resumed run logs again the steps after its checkpoint.
