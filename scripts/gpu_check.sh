@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check on a machine with a CUDA GPU (never run in CI; there is no GPU there). Three parts:
-#   1. path check: 20 steps of the embedded tiny config on cuda in bf16 with optim.fused=on (the
-#      fused AdamW kernel) and SDPA attention; every loss and gradient norm must be finite, no step
-#      skipped or rolled back, and the loss must fall;
+#   1. path check: 20 steps of the embedded tiny config on cuda with optim.fused=on (the fused
+#      AdamW kernel) and SDPA attention, in bf16 and in fp16 (dynamic loss scaling); every loss and
+#      gradient norm must be finite, no step skipped or rolled back (an fp16 overflow the scaler
+#      absorbs is allowed; fp16 records must carry a loss scale), and the loss must fall;
 #   2. NCCL: the same 20 steps as one rank of a c10d NCCL process group (torchrun's variables for
 #      one rank and distributed.backend=nccl) with ZeRO-1, its gradient buckets reduce-scattered
 #      from the backward pass's hooks and the weights all-gathered after each step; finite and
@@ -24,7 +25,8 @@
 #
 # --quick stops after parts 1 and 2 (a minute). Other ARGS go to bench/run.py, e.g. --pairs 3. With $OUT set (the device tool's output folder) it
 # writes there: gpu_check.log (everything printed), gpu_bench.md (the table), gpu_bench.json,
-# path_check.log, path_check_metrics.jsonl, nccl.log and nccl_metrics.jsonl. Exits non-zero when
+# path_check.log, path_check_metrics.jsonl (bf16), path_check_fp16.log,
+# path_check_fp16_metrics.jsonl, nccl.log and nccl_metrics.jsonl. Exits non-zero when
 # any part fails; each part runs even when an earlier one failed. The exact call for the device
 # tool is in docs/benchmarks.md, "GPU check".
 set -euo pipefail
@@ -106,21 +108,26 @@ version="$("$keel" --version)" || { log "$keel does not start (above)"; exit 2; 
 log "keel: $keel ($version)"
 status=0
 
-# ---- 1. path check: fused AdamW and SDPA on cuda in bf16 -------------------------------------
+# ---- 1. path check: fused AdamW and SDPA on cuda, in bf16 and in fp16 --------------------------
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-log "path check: 20 steps of the tiny config, cuda, bf16, optim.fused=on"
-# In $tmp: keel's free-space check looks at run.out_dir, relative to the working directory.
-if (cd "$tmp" && timeout 300 "$keel" train --run-dir "$tmp/run" --set run.device=cuda --set run.precision=bf16 \
-      --set optim.fused=on --set run.max_steps=20 --set schedule.warmup_steps=2 \
-      --set logging.every_steps=1 --set logging.progress=off --set eval.every_steps=0 \
-      --set checkpoint.every_steps=0) >"$tmp/path_check.log" 2>&1; then
-  [ -z "$out" ] || cp "$tmp/run/metrics.jsonl" "$out/path_check_metrics.jsonl"
-  # The log names the optimizer ("adamw(fused)") and the device; metrics.jsonl holds the losses.
-  if "$python" - "$tmp/path_check.log" "$tmp/run" <<'EOF' >&2; then
+for precision in bf16 fp16; do
+  name=path_check; run="$tmp/run"  # bf16's run is also part 2's reference
+  [ "$precision" = bf16 ] || { name="path_check_$precision"; run="$tmp/run_$precision"; }
+  log "path check: 20 steps of the tiny config, cuda, $precision, optim.fused=on"
+  # In $tmp: keel's free-space check looks at run.out_dir, relative to the working directory.
+  if (cd "$tmp" && timeout 300 "$keel" train --run-dir "$run" --set run.device=cuda \
+        --set run.precision="$precision" --set optim.fused=on --set run.max_steps=20 \
+        --set schedule.warmup_steps=2 --set logging.every_steps=1 --set logging.progress=off \
+        --set eval.every_steps=0 --set checkpoint.every_steps=0) >"$tmp/$name.log" 2>&1; then
+    [ -z "$out" ] || cp "$run/metrics.jsonl" "$out/${name}_metrics.jsonl"
+    # The log names the optimizer ("adamw(fused)"); run_start the device; metrics.jsonl holds the
+    # losses (and, in fp16, the loss scale). An fp16 overflow that the scaler absorbs is allowed.
+    if "$python" - "$tmp/$name.log" "$run" "$precision" <<'EOF' >&2; then
 import json, math, os, sys
 log_text = open(sys.argv[1]).read()
 read = lambda name: [json.loads(l) for l in open(os.path.join(sys.argv[2], name)) if l.strip()]
+precision = sys.argv[3]
 metrics, events = read("metrics.jsonl"), read("events.jsonl")
 losses = [m["loss"] for m in metrics]
 norms = [m["grad_norm"] for m in metrics]
@@ -138,29 +145,38 @@ if not finite(losses) or not finite(norms):
 redone = sorted({e["kind"] for e in events if e["kind"] in ("rollback", "skip_nan")})
 if redone:
     problems.append(f"steps were skipped or rolled back: {', '.join(redone)}")
+if precision == "fp16":
+    scales = [m.get("loss_scale") for m in metrics]
+    overflows = sum(e["kind"] == "overflow" for e in events)
+    if not finite(scales) or not all(x > 0 for x in scales):
+        problems.append(f"fp16 without a finite loss scale in every record: {scales}")
+    else:
+        print(f"[gpu_check] path check ({precision}): loss scale {scales[0]:g} -> {scales[-1]:g}, "
+              f"{overflows} overflow(s) absorbed")
 if finite(losses) and len(losses) >= 10:
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    print(f"[gpu_check] path check: loss {losses[0]:.4f} -> {losses[-1]:.4f} "
+    print(f"[gpu_check] path check ({precision}): loss {losses[0]:.4f} -> {losses[-1]:.4f} "
           f"(mean of steps 1-5 {first:.4f}, of steps 16-20 {last:.4f})")
     if not last < first - 0.1:
         problems.append(f"no fall in the loss (means {first:.4f}, steps 1-5; {last:.4f}, 16-20)")
 for p in problems:
-    print(f"[gpu_check] path check: {p}")
+    print(f"[gpu_check] path check ({precision}): {p}")
 sys.exit(1 if problems else 0)
 EOF
-    log "path check: ok (fused AdamW, SDPA, bf16 on cuda: finite, falling)"
-  else
-    if [ -n "$out" ]; then log "path check: FAILED (keel's log: $out/path_check.log)"
-    else tail -n 20 "$tmp/path_check.log" >&2; log "path check: FAILED"
+      log "path check: ok (fused AdamW, SDPA, $precision on cuda: finite, falling)"
+    else
+      if [ -n "$out" ]; then log "path check: FAILED (keel's log: $out/$name.log)"
+      else tail -n 20 "$tmp/$name.log" >&2; log "path check: FAILED"
+      fi
+      status=1
     fi
+  else
+    tail -n 40 "$tmp/$name.log" >&2
+    log "path check: FAILED, keel exited non-zero ($precision)"
     status=1
   fi
-else
-  tail -n 40 "$tmp/path_check.log" >&2
-  log "path check: FAILED, keel exited non-zero"
-  status=1
-fi
-[ -z "$out" ] || cp "$tmp/path_check.log" "$out/path_check.log"
+  [ -z "$out" ] || cp "$tmp/$name.log" "$out/$name.log"
+done
 
 # ---- 2. NCCL: one rank, its process group made and its collectives run -----------------------
 # torchrun's variables for one rank, and distributed.backend named: keel makes the NCCL group
