@@ -70,12 +70,17 @@ int64_t to_int64(double v) {
   return v >= kMax ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
 }
 
-int64_t checkpoint_bytes_for(int64_t parameters) {
-  constexpr double kBytesPerParameter = 4 + 8;  // fp32 weights + AdamW's two fp32 moments
+// fp32 weights once, and the optimizer's fp32 moments (AdamW two, Lion one) once per rank, or
+// once in all under ZeRO-1, whose ranks each write their part.
+int64_t checkpoint_bytes_for(const Config& cfg, int64_t parameters, int64_t world_size) {
+  const double moments = cfg.optim.name == OptimizerName::kLion ? 1 : 2;
+  const double copies =
+      cfg.distributed.zero == 1 ? 1.0 : static_cast<double>(std::max<int64_t>(world_size, 1));
+  const double bytes_per_parameter = 4 + 4 * moments * copies;
   // Trainer state, manifest, config, RNG states and safetensors headers: ~30 kB measured on the
   // tiny model (a few hundred bytes per tensor name plus ~5 kB of CPU RNG state).
   constexpr double kStateBytes = 64 << 10;
-  return to_int64(static_cast<double>(parameters) * kBytesPerParameter + kStateBytes);
+  return to_int64(static_cast<double>(parameters) * bytes_per_parameter + kStateBytes);
 }
 
 // Collects diagnostics; every rule is phrased "must be ..." with the value found. Comparisons are
@@ -432,7 +437,7 @@ void check_vocab(Checker& c, const ModelConfig& m, int64_t data_vocab) {
   }
 }
 
-void check_filesystem(Checker& c, const Config& cfg, int64_t parameters,
+void check_filesystem(Checker& c, const Config& cfg, int64_t parameters, int64_t world_size,
                       const std::string& run_dir) {
   const fs::path dir = checkpoint_dir(cfg, run_dir);
   std::error_code ec;
@@ -454,7 +459,7 @@ void check_filesystem(Checker& c, const Config& cfg, int64_t parameters,
   // The kept checkpoints plus the one being written before the oldest is deleted.
   const int64_t copies = std::max<int64_t>(cfg.checkpoint.keep_last, 0) +
                          std::max<int64_t>(cfg.checkpoint.stable.keep, 0) + 1;
-  const double each = static_cast<double>(checkpoint_bytes_for(parameters));
+  const double each = static_cast<double>(checkpoint_bytes_for(cfg, parameters, world_size));
   const double needed = each * static_cast<double>(copies);
   if (free_bytes < needed) {
     c.error("checkpoint.dir", "checkpoints need about " + human_bytes(needed) + " (" + num(copies) +
@@ -511,14 +516,15 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
     model.vocab_size = padded_vocab_size(*options.data_vocab_size);
   const int64_t parameters = options.parameter_count.value_or(parameter_count(model));
   warn_short_warmup(c, cfg.schedule, cfg.run.max_steps, parameters);
-  if (options.check_filesystem) check_filesystem(c, cfg, parameters, options.run_dir);
+  if (options.check_filesystem)
+    check_filesystem(c, cfg, parameters, options.world_size, options.run_dir);
   std::vector<Diagnostic> out = std::move(c.diagnostics());
   sort_diagnostics(out);
   return out;
 }
 
-int64_t estimate_checkpoint_bytes(const Config& config) {
-  return checkpoint_bytes_for(parameter_count(config.model));
+int64_t estimate_checkpoint_bytes(const Config& config, int64_t world_size) {
+  return checkpoint_bytes_for(config, parameter_count(config.model), world_size);
 }
 
 fs::path checkpoint_dir(const Config& cfg, const std::string& run_dir) {

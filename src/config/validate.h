@@ -31,9 +31,10 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
 // loaded.diagnostics with validate()'s result into one list.
 void sort_diagnostics(std::vector<Diagnostic>& diagnostics);
 
-// The size of a checkpoint for the config's model in bytes (fp32 weights + fp32 AdamW moments +
-// small state). Parameters and FLOPs per token: config::parameter_count / flops_per_token.
-int64_t estimate_checkpoint_bytes(const Config& config);
+// The size of a checkpoint for the config's model in bytes, written by `world_size` ranks: fp32
+// weights, the optimizer's fp32 moments (every rank's copy; under ZeRO-1 one copy in parts) and
+// small state. Parameters and FLOPs per token: config::parameter_count / flops_per_token.
+int64_t estimate_checkpoint_bytes(const Config& config, int64_t world_size = 1);
 
 // Where checkpoints go when checkpoint.dir is not set: RUN_DIR/checkpoints, with RUN_DIR the
 // given run directory or else run.out_dir/run.name; and the directory that exists now under

@@ -409,10 +409,17 @@ TEST(ConfigEstimate, ParameterCountsMatchPublishedModels) {
   }
 }
 
-TEST(ConfigEstimate, CheckpointHoldsWeightsAndTwoMoments) {
+// Weights once, AdamW's two moments on every rank (ZeRO-1: once, in parts), Lion's one.
+TEST(ConfigEstimate, CheckpointHoldsWeightsAndEveryRanksMoments) {
   Config config;
   const int64_t parameters = parameter_count(config.model);
   EXPECT_EQ(estimate_checkpoint_bytes(config), parameters * 12 + (64 << 10));
+  EXPECT_EQ(estimate_checkpoint_bytes(config, 4), parameters * (4 + 4 * 8) + (64 << 10));
+  config.distributed.zero = 1;
+  EXPECT_EQ(estimate_checkpoint_bytes(config, 4), parameters * 12 + (64 << 10));
+  config.distributed.zero = 0;
+  config.optim.name = OptimizerName::kLion;
+  EXPECT_EQ(estimate_checkpoint_bytes(config, 2), parameters * (4 + 2 * 4) + (64 << 10));
 }
 
 }  // namespace
