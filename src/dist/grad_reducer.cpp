@@ -53,6 +53,7 @@ GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, 
     if (sharded_) b.shard = torch::zeros({b.part}, b.flat.options());
     b.pending = static_cast<int64_t>(b.params.size());
   }
+  owned_ = find_owned_pieces();
   ready_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i)
     if (bucket_of_[i] >= 0)
@@ -123,7 +124,7 @@ void GradReducer::finish() {
   abandon();  // nothing left in flight: this only resets the step's state
 }
 
-std::vector<GradReducer::Piece> GradReducer::owned_pieces() const {
+std::vector<GradReducer::Piece> GradReducer::find_owned_pieces() const {
   std::vector<Piece> out;
   if (!sharded_) return out;
   const int64_t rank = comm_.rank();
@@ -147,7 +148,7 @@ void GradReducer::all_gather_params() {
   std::vector<int64_t> at(buckets_.size() + 1, 0);
   for (size_t bi = 0; bi < buckets_.size(); ++bi) at[bi + 1] = at[bi] + buckets_[bi].part;
   torch::Tensor mine = torch::zeros({at.back()}, buckets_[0].flat.options());
-  for (const Piece& piece : owned_pieces())
+  for (const Piece& piece : owned_)
     mine.narrow(0, at[piece.bucket] + piece.offset, piece.end - piece.begin)
         .copy_(params_[piece.param].detach().reshape({-1}).narrow(0, piece.begin,
                                                                   piece.end - piece.begin));

@@ -46,7 +46,7 @@ class GradReducer {
     int64_t param = 0, begin = 0, end = 0;
     int64_t bucket = 0, offset = 0;
   };
-  std::vector<Piece> owned_pieces() const;
+  const std::vector<Piece>& owned_pieces() const { return owned_; }
   const torch::Tensor& shard(int64_t bucket) const { return buckets_[bucket].shard; }
   // Sharded: every rank's owned elements of the parameters (as they are now) to every rank, in
   // one all-gather.
@@ -74,11 +74,13 @@ class GradReducer {
   void start(Bucket& bucket);
   void start_ready_buckets();  // in index order, from next_
   void abandon();              // wait out what is in flight and reset the step's state
+  std::vector<Piece> find_owned_pieces() const;
 
   Communicator& comm_;
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> bucket_of_;  // per parameter
   std::vector<Bucket> buckets_;
+  std::vector<Piece> owned_;  // sharded: what this rank owns (fixed by the buckets and the rank)
   std::vector<bool> ready_;
   std::mutex mutex_;  // the hooks run on autograd's threads
   bool sharded_ = false;
