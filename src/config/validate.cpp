@@ -324,9 +324,7 @@ void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& 
     c.error("distributed.zero",
             "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each rank keeps "
             "its part); got " +
-                num(d.zero) +
-                " (ZeRO-2/3 shard gradients and weights too and are "
-                "not built)");
+                num(d.zero) + " (ZeRO-2/3 shard gradients and weights too and are not built)");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
