@@ -17,24 +17,34 @@
 #include <ctime>
 
 #include "checkpoint/file_io.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/tensor_file.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/paths.h"
 
 namespace keel::checkpoint {
 
 namespace fs = std::filesystem;
+using namespace internal;
+
+std::string internal::utc_now_iso(std::chrono::system_clock::time_point now) {
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void internal::remove_quietly(const fs::path& p) {
+  std::error_code ec;
+  remove_tree(p, ec);
+  if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
+}
 
 namespace {
-
-constexpr const char* kManifest = "MANIFEST.json";
-constexpr const char* kFormat = "keel-checkpoint";
-constexpr int kFormatVersion = 1;
-
-std::string rank_file(const char* stem, int rank, const char* ext) {
-  return fmt::format("{}.rank{}.{}", stem, rank, ext);
-}
 
 // step_<digits>, nothing else: temporary and deleted directories never parse as checkpoints.
 std::optional<int64_t> parse_step_dir(const std::string& name) {
@@ -119,15 +129,6 @@ std::optional<std::string> read_pointer(const fs::path& file) {
   return s;
 }
 
-std::string utc_now_iso(std::chrono::system_clock::time_point now) {
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 [[noreturn]] void checksum_mismatch(const fs::path& p, const std::string& actual,
                                     const std::string& expected) {
   throw CheckpointError(p.string() + ": checksum mismatch (xxh3 " + actual + ", " + kManifest +
@@ -201,12 +202,6 @@ std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch:
   return out;
 }
 
-void remove_quietly(const fs::path& p) {
-  std::error_code ec;
-  remove_tree(p, ec);
-  if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
-}
-
 // For which = latest|stable: tries the pointer's target, then every other step_* newest first
 // (for stable: only those marked stable), with `use`, and returns the first it accepts. `use`
 // returns a VerifyResult; its problem is logged when a candidate is passed over.
@@ -259,32 +254,6 @@ std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, const std:
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-
-int64_t auto_interval(double stall_seconds, double step_seconds, double max_overhead,
-                      int64_t max_steps) {
-  const int64_t most = std::max<int64_t>(kMinAutoInterval, max_steps / kMinAutoCheckpoints);
-  const double raw = stall_seconds / (max_overhead * step_seconds);
-  if (!(raw >= 0) || !(raw < 1e15)) return most;  // no usable measurement: the densest allowed
-  double decade = 1;
-  while (decade * 10 < raw) decade *= 10;  // raw lies in (decade, 10 x decade] (or below 1)
-  double rounded = 10 * decade;
-  for (double r : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0}) {
-    if (r * decade >= raw) {
-      rounded = r * decade;
-      break;
-    }
-  }
-  return std::clamp<int64_t>(std::llround(rounded), kMinAutoInterval, most);
-}
-
-int64_t stable_interval(const config::CheckpointConfig& cfg, int64_t checkpoint_interval) {
-  return cfg.stable.every_steps > 0 ? cfg.stable.every_steps : checkpoint_interval;
-}
-
-int64_t stable_window(const config::CheckpointConfig& cfg, int64_t checkpoint_interval) {
-  return cfg.stable.window == config::kAuto ? std::max<int64_t>(checkpoint_interval, 1)
-                                            : cfg.stable.window;
-}
 
 Manifest read_manifest(const fs::path& dir) {
   fs::path p = dir / kManifest;
@@ -358,7 +327,7 @@ std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir,
     fs::path p = which;
     std::error_code ec;
     if (!fs::is_directory(p, ec))
-      throw CheckpointError(p.string() + ": no such checkpoint directory");
+      throw CheckpointError(p.string() + ": no such checkpoint directory" + relative_note(p));
     // A checkpoints directory (holds LATEST or step_*), not a checkpoint: take its latest.
     if (!fs::exists(p / kManifest, ec) &&
         (fs::exists(p / "LATEST", ec) || !list_checkpoints(p).empty())) {
@@ -472,122 +441,6 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
   return final_dir;
 }
 
-void Checkpointer::write_checkpoint(int64_t step, const CheckpointData& data, bool stable) {
-  auto t0 = Clock::now();
-  const std::string name = step_dir_name(step);
-  const fs::path final_dir = dir_ / name;
-  const std::string tmp_prefix = name + ".tmp-";
-  fs::path staging;
-  if (rank_ == 0) {
-    remove_stale_tmp();
-    staging = dir_ / (tmp_prefix + std::to_string(::getpid()));
-    if (::mkdir(staging.c_str(), 0755) != 0) throw_io_error(staging, "cannot create", errno);
-  }
-  if (world_size_ > 1) {
-    barrier_();  // #1: the staging directory exists
-    if (rank_ != 0) {
-      std::error_code ec;
-      for (const auto& de : fs::directory_iterator(dir_, ec)) {
-        std::string n = de.path().filename().string();
-        if (n.compare(0, tmp_prefix.size(), tmp_prefix) == 0 && de.is_directory()) {
-          if (!staging.empty())
-            throw CheckpointError(dir_.string() + ": more than one staging directory for " + name +
-                                  " (another run writing here?)");
-          staging = de.path();
-        }
-      }
-      if (staging.empty())
-        throw CheckpointError(dir_.string() + ": rank 0's staging directory for " + name +
-                              " is not visible (checkpoint.dir must be on a shared filesystem)");
-    }
-  }
-
-  uint64_t total_bytes = 0;
-  nlohmann::ordered_json files = nlohmann::ordered_json::object();
-  auto record = [&](const std::string& file, const FileDigest& d) {
-    files[file] = {{"size", d.size}, {"xxh3", xxh3_hex(d.xxh3)}};
-    total_bytes += d.size;
-  };
-  try {
-    const StringMap meta = {
-        {"format", "pt"}, {"keel_version", keel_version_}, {"step", std::to_string(step)}};
-    if (rank_ == 0)
-      record("model.safetensors",
-             write_safetensors(staging / "model.safetensors", data.model, meta));
-    std::string opt = rank_file("optimizer", rank_, "safetensors");
-    record(opt, write_safetensors(staging / opt, data.optimizer, meta));
-    std::string extra = rank_file("extra", rank_, "safetensors");
-    record(extra, write_safetensors(staging / extra, data.extra_tensors, meta));
-    if (rank_ == 0) {
-      record("trainer_state.json",
-             write_new_file(staging / "trainer_state.json", data.trainer_state.dump(2) + "\n"));
-      record("config.yaml", write_new_file(staging / "config.yaml", data.config_yaml));
-    } else {
-      write_new_file(staging / rank_file("files", rank_, "json"), files.dump(2) + "\n");
-    }
-  } catch (...) {
-    if (rank_ == 0) remove_quietly(staging);
-    throw;
-  }
-  if (world_size_ > 1) barrier_();  // #2: every rank's files are on disk
-
-  if (rank_ == 0) {
-    try {
-      for (int r = 1; r < world_size_; ++r) {
-        std::string listing = rank_file("files", r, "json");
-        std::string text = read_file(staging / listing);  // throws naming the file if absent
-        auto j = nlohmann::ordered_json::parse(text, nullptr, false);
-        if (j.is_discarded() || !j.is_object())
-          throw CheckpointError((staging / listing).string() + ": not valid JSON");
-        for (auto& [k, v] : j.items()) {
-          files[k] = v;
-          total_bytes += v.at("size").get<uint64_t>();
-        }
-        record(listing, {text.size(), XXH3_64bits(text.data(), text.size())});
-      }
-      auto now = std::chrono::system_clock::now();
-      nlohmann::ordered_json manifest = {
-          {"format", kFormat},
-          {"format_version", kFormatVersion},
-          {"step", step},
-          {"world_size", world_size_},
-          {"stable", stable},
-          // ZeRO-1: each optimizer.rank{r} holds one rank's part of the state (zero.pieces
-          // says which), not a whole copy; a resume at another world size reads all of them.
-          {"optimizer_sharded", data.optimizer.count("zero.pieces") > 0},
-          {"keel_version", keel_version_},
-          {"config_hash", config_hash_},
-          {"created", utc_now_iso(now)},
-          {"created_unix_ns",
-           std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()},
-          {"files", files},
-      };
-      write_new_file(staging / kManifest, manifest.dump(2) + "\n");
-      fsync_dir(staging);
-      if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
-        // step_N exists already (saved again after a rollback or resume): swap atomically so a
-        // reader sees the old or the new checkpoint, then drop the old one (now at `staging`).
-        if (errno != EEXIST && errno != ENOTEMPTY)
-          throw_io_error(final_dir, "rename failed", errno);
-        if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) !=
-            0)
-          throw_io_error(final_dir, "rename (exchange) failed", errno);
-      }
-      fsync_dir(dir_);
-    } catch (...) {
-      remove_quietly(staging);
-      throw;
-    }
-    remove_quietly(staging);  // the replaced checkpoint, if any; absent otherwise
-    replace_file_atomic(dir_ / "LATEST", name + "\n");
-    if (stable) replace_file_atomic(dir_ / "STABLE", name + "\n");
-    log::info("ckpt", "saved {}{} ({:.1f} MB in {:.2f} s)", final_dir.string(),
-              stable ? " (stable)" : "", total_bytes / 1e6, seconds_since(t0));
-    apply_retention();
-  }
-  if (world_size_ > 1) barrier_();  // #3: committed; no rank runs ahead of the rename
-}
-
 void Checkpointer::promote_to_stable(int64_t step) {
   wait();
   if (rank_ != 0) return;
@@ -613,12 +466,13 @@ CheckpointData Checkpointer::load(const fs::path& dir) {
   return load_checkpoint(dir, rank_, world_size_);
 }
 
-std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& which) {
-  wait();
+std::optional<LoadedCheckpoint> load_newest_checkpoint(const fs::path& checkpoints_dir,
+                                                       const std::string& which, int rank,
+                                                       int world_size) {
   std::optional<CheckpointData> data;
-  auto path = first_usable(dir_, which, [&](const fs::path& dir) -> VerifyResult {
+  auto path = first_usable(checkpoints_dir, which, [&](const fs::path& dir) -> VerifyResult {
     try {
-      data = load_checkpoint(dir, rank_, world_size_);  // verifies what it reads, once
+      data = load_checkpoint(dir, rank, world_size);  // verifies what it reads, once
       return {true, ""};
     } catch (const CheckpointError& e) {
       return {false, e.what()};
@@ -628,11 +482,20 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& whi
   return LoadedCheckpoint{*path, std::move(*data)};
 }
 
-std::optional<fs::path> Checkpointer::newest_written() {
-  wait();
-  for (const auto& e : list_checkpoints(dir_))
+std::optional<fs::path> newest_written_checkpoint(const fs::path& checkpoints_dir) {
+  for (const auto& e : list_checkpoints(checkpoints_dir))
     if (e.manifest_ok) return e.path;
   return std::nullopt;
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& which) {
+  wait();
+  return load_newest_checkpoint(dir_, which, rank_, world_size_);
+}
+
+std::optional<fs::path> Checkpointer::newest_written() {
+  wait();
+  return newest_written_checkpoint(dir_);
 }
 
 fs::path Checkpointer::abandon_after(int64_t step) {

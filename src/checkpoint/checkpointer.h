@@ -92,9 +92,16 @@ std::string step_dir_name(int64_t step);
 // at least kMinAutoInterval, and at most max_steps / kMinAutoCheckpoints so that even a short run
 // has snapshots to fall back to.
 inline constexpr int64_t kMinAutoInterval = 10;
+// A run times its own step attempts from the kCadenceStartStep-th (caches and allocators warm) to
+// the kCadenceProbeStep-th, when it decides the auto interval.
+inline constexpr int64_t kCadenceStartStep = 2;
+inline constexpr int64_t kCadenceProbeStep = 12;
 inline constexpr int64_t kMinAutoCheckpoints = 8;
 int64_t auto_interval(double stall_seconds, double step_seconds, double max_overhead,
                       int64_t max_steps);
+// The share of training time saves every `interval` steps cost: stall / (interval x step time).
+// Above max_overhead where auto_interval's clamps (kMinAutoCheckpoints, kMinAutoInterval) won.
+double checkpoint_overhead(double stall_seconds, double step_seconds, int64_t interval);
 // checkpoint.stable.every_steps for a checkpoint interval: auto and 0 = every checkpoint.
 int64_t stable_interval(const config::CheckpointConfig& cfg, int64_t checkpoint_interval);
 // checkpoint.stable.window for a checkpoint interval: auto = the interval (the steps since the
@@ -128,6 +135,16 @@ struct LoadedCheckpoint {
   std::filesystem::path path;
   CheckpointData data;
 };
+
+// which = latest|stable: the first candidate resolve_checkpoint would consider that loads, read
+// (and so verified) once. nullopt when there is none. Reads only: a start checks what it would
+// resume from before it writes anything.
+std::optional<LoadedCheckpoint> load_newest_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                                       const std::string& which, int rank = 0,
+                                                       int world_size = 1);
+// The most recently written checkpoint whose MANIFEST reads (not verified further), if any.
+std::optional<std::filesystem::path> newest_written_checkpoint(
+    const std::filesystem::path& checkpoints_dir);
 
 class Checkpointer {
  public:
@@ -181,6 +198,11 @@ class Checkpointer {
 
  private:
   void write_checkpoint(int64_t step, const CheckpointData& data, bool stable);
+  std::filesystem::path staging_dir(const std::string& name);
+  uint64_t write_rank_files(const std::filesystem::path& staging, int64_t step,
+                            const CheckpointData& data, nlohmann::ordered_json& files);
+  uint64_t commit(const std::filesystem::path& staging, int64_t step, bool stable,
+                  bool optimizer_sharded, nlohmann::ordered_json files, uint64_t total_bytes);
   void apply_retention();
   void remove_stale_tmp();
 

@@ -128,18 +128,6 @@ FileDigest hash_file(const fs::path& path) {
   return d;
 }
 
-namespace {
-int remove_entry(const char* p, const struct stat*, int, struct FTW*) {
-  return ::remove(p) == 0 || errno == ENOENT ? 0 : -1;
-}
-}  // namespace
-
-void remove_tree(const fs::path& path, std::error_code& ec) {
-  ec.clear();
-  if (::nftw(path.c_str(), remove_entry, 32, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-    ec = std::error_code(errno, std::generic_category());
-}
-
 std::string read_file(const fs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_io_error(path, "cannot open", errno);

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/paths.h"
+
 struct XXH3_state_s;
 
 namespace keel::checkpoint {
@@ -59,10 +61,7 @@ void fsync_dir(const std::filesystem::path& dir);
 // Streams the file through xxh3 (4 MiB reads).
 FileDigest hash_file(const std::filesystem::path& path);
 
-// rm -rf: removes `path` (file or directory tree) without following symlinks; absent is success.
-// Use this, not std::filesystem::remove_all: libtorch.so exports its own, incompatible copy of
-// libstdc++'s filesystem library, and calls to that remove_all crash.
-void remove_tree(const std::filesystem::path& path, std::error_code& ec);
+using keel::remove_tree;  // common/paths.h
 
 // Whole content of a (small) file.
 std::string read_file(const std::filesystem::path& path);

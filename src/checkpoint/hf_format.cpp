@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/paths.h"
 
 namespace keel::checkpoint {
 
@@ -411,8 +412,8 @@ std::vector<std::string> hf_config_mismatches(const json& hf, const config::Mode
 void check_hf_config(const fs::path& dir, const config::ModelConfig& m) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw CheckpointError(dir.string() +
-                          ": no such directory; HINT: --init-from wants a Hugging Face model "
+    throw CheckpointError(dir.string() + ": no such directory" + relative_note(dir) +
+                          "; HINT: --init-from wants a Hugging Face model "
                           "directory (config.json and model.safetensors), as `keel export "
                           "--format hf` writes");
   const fs::path config_file = dir / "config.json";

@@ -125,74 +125,53 @@ uint64_t json_u64(std::string_view file, const std::string& tensor, const char* 
   return v.get<uint64_t>();
 }
 
-// Everything the reader checks lives here, shared by the file and in-memory paths.
-SafetensorsHeader parse_header(std::string_view file, std::string_view text, uint64_t data_size) {
-  SafetensorsHeader h;
-  h.data_start = 8 + text.size();
-  if (text.empty() || text.front() != '{')
-    fail(file, "safetensors header does not start with '{' (not a safetensors file, or corrupt)");
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    fail(file, "safetensors header is not a valid JSON object");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) fail(file, "__metadata__ must be an object of strings");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          fail(file, "__metadata__['" + m.key() + "'] must be a string, got " + m.value().dump());
-        h.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!v.is_object()) fail(file, "tensor '" + name + "': entry must be an object");
-    if (!v.contains("dtype") || !v["dtype"].is_string())
-      fail(file, "tensor '" + name + "': missing dtype");
-    if (!v.contains("shape") || !v["shape"].is_array())
-      fail(file, "tensor '" + name + "': missing shape");
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2)
-      fail(file, "tensor '" + name + "': data_offsets must be [begin, end]");
-    TensorEntry e;
-    e.name = name;
-    std::string dt = v["dtype"].get<std::string>();
-    auto t = dtype_from_safetensors(dt);
-    if (!t) fail(file, "tensor '" + name + "': unsupported dtype '" + dt + "'");
-    e.dtype = *t;
-    uint64_t numel = 1;
-    for (const auto& d : v["shape"]) {
-      uint64_t dim = json_u64(file, name, "shape", d);
-      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
-        fail(file, "tensor '" + name + "': shape " + v["shape"].dump() + " overflows");
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    e.begin = json_u64(file, name, "data_offsets", v["data_offsets"][0]);
-    e.end = json_u64(file, name, "data_offsets", v["data_offsets"][1]);
-    std::string range = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
-    if (e.end < e.begin)
-      fail(file, "tensor '" + name + "': data_offsets " + range + " are reversed");
-    if (e.end > data_size)
-      fail(file, "tensor '" + name + "': data_offsets " + range +
-                     " run past the end of the data (" + std::to_string(data_size) +
-                     " bytes; file truncated?)");
-    uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(e.dtype)), &nbytes) ||
-        nbytes != e.end - e.begin)
-      fail(file, "tensor '" + name + "': shape " + v["shape"].dump() + " of " + dt + " needs " +
-                     std::to_string(numel * c10::elementSize(e.dtype)) +
-                     " bytes but data_offsets " + range + " hold " +
-                     std::to_string(e.end - e.begin));
-    h.tensors.push_back(std::move(e));
+// One tensor's header entry: its dtype, shape and data offsets, checked against each other and
+// the data's size.
+TensorEntry parse_entry(std::string_view file, const std::string& name, const nlohmann::json& v,
+                        uint64_t data_size) {
+  if (!v.is_object()) fail(file, "tensor '" + name + "': entry must be an object");
+  if (!v.contains("dtype") || !v["dtype"].is_string())
+    fail(file, "tensor '" + name + "': missing dtype");
+  if (!v.contains("shape") || !v["shape"].is_array())
+    fail(file, "tensor '" + name + "': missing shape");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+    fail(file, "tensor '" + name + "': data_offsets must be [begin, end]");
+  TensorEntry e;
+  e.name = name;
+  std::string dt = v["dtype"].get<std::string>();
+  auto t = dtype_from_safetensors(dt);
+  if (!t) fail(file, "tensor '" + name + "': unsupported dtype '" + dt + "'");
+  e.dtype = *t;
+  uint64_t numel = 1;
+  for (const auto& d : v["shape"]) {
+    uint64_t dim = json_u64(file, name, "shape", d);
+    if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
+      fail(file, "tensor '" + name + "': shape " + v["shape"].dump() + " overflows");
+    e.shape.push_back(static_cast<int64_t>(dim));
   }
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  // The data must be covered exactly: no overlap (two names sharing bytes would alias on load),
-  // no gap or trailing bytes (a sign of corruption or a foreign file).
+  e.begin = json_u64(file, name, "data_offsets", v["data_offsets"][0]);
+  e.end = json_u64(file, name, "data_offsets", v["data_offsets"][1]);
+  std::string range = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+  if (e.end < e.begin) fail(file, "tensor '" + name + "': data_offsets " + range + " are reversed");
+  if (e.end > data_size)
+    fail(file, "tensor '" + name + "': data_offsets " + range + " run past the end of the data (" +
+                   std::to_string(data_size) + " bytes; file truncated?)");
+  uint64_t nbytes;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(e.dtype)), &nbytes) ||
+      nbytes != e.end - e.begin)
+    fail(file, "tensor '" + name + "': shape " + v["shape"].dump() + " of " + dt + " needs " +
+                   std::to_string(numel * c10::elementSize(e.dtype)) + " bytes but data_offsets " +
+                   range + " hold " + std::to_string(e.end - e.begin));
+  return e;
+}
+
+// The data must be covered exactly by `tensors` (sorted by offset): no overlap (two names sharing
+// bytes would alias on load), no gap or trailing bytes (a sign of corruption or a foreign file).
+void check_coverage(std::string_view file, const std::vector<TensorEntry>& tensors,
+                    uint64_t data_size) {
   uint64_t pos = 0;
   const TensorEntry* prev = nullptr;
-  for (const auto& e : h.tensors) {
+  for (const auto& e : tensors) {
     if (e.begin < pos)
       fail(file, "tensor '" + e.name + "' [" + std::to_string(e.begin) + ", " +
                      std::to_string(e.end) + "] overlaps tensor '" + prev->name + "' [" +
@@ -205,6 +184,35 @@ SafetensorsHeader parse_header(std::string_view file, std::string_view text, uin
   }
   if (pos != data_size)
     fail(file, std::to_string(data_size - pos) + " trailing bytes belong to no tensor");
+}
+
+// Everything the reader checks lives here, shared by the file and in-memory paths.
+SafetensorsHeader parse_header(std::string_view file, std::string_view text, uint64_t data_size) {
+  SafetensorsHeader h;
+  h.data_start = 8 + text.size();
+  if (text.empty() || text.front() != '{')
+    fail(file, "safetensors header does not start with '{' (not a safetensors file, or corrupt)");
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    fail(file, "safetensors header is not a valid JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name != "__metadata__") {
+      h.tensors.push_back(parse_entry(file, name, v, data_size));
+      continue;
+    }
+    if (!v.is_object()) fail(file, "__metadata__ must be an object of strings");
+    for (auto m = v.begin(); m != v.end(); ++m) {
+      if (!m.value().is_string())
+        fail(file, "__metadata__['" + m.key() + "'] must be a string, got " + m.value().dump());
+      h.metadata[m.key()] = m.value().get<std::string>();
+    }
+  }
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  check_coverage(file, h.tensors, data_size);
   return h;
 }
 

@@ -29,17 +29,19 @@ nlohmann::json prepare_report(const std::string& dir) {
 std::string cadence(const config::CheckpointConfig& c) {
   if (c.every_steps == config::kAuto)
     return fmt::format(
-        "checkpoint.every_steps auto (a save costs at most {:.1f} % of training "
-        "time, measured by the run)",
-        c.max_overhead * 100);
+        "checkpoint.every_steps auto (a save costs {:.1f} % of training time, measured by the "
+        "run, or more where a short run keeps its minimum of {} checkpoints)",
+        c.max_overhead * 100, checkpoint::kMinAutoCheckpoints);
   if (c.every_steps == 0) return "checkpoint.every_steps 0: only at the end of the run";
   return fmt::format("every {} steps", c.every_steps);
 }
 
 }  // namespace
 
-std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters) {
-  std::vector<ChecklistItem> out;
+namespace {
+
+// The optimizer's items: AdamW, beta2, clipping, precision.
+void check_optimizer(const config::Config& cfg, std::vector<ChecklistItem>& out) {
   auto add = [&](std::string item, Status status, std::string what) {
     out.push_back({std::move(item), status, std::move(what)});
   };
@@ -85,7 +87,14 @@ std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t par
           "in fp32");
       break;
   }
+}
 
+// The data's items: dedup, out-of-distribution filtering, cross-cluster sampling, backpressure.
+void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
+  auto add = [&](std::string item, Status status, std::string what) {
+    out.push_back({std::move(item), status, std::move(what)});
+  };
+  const auto& st = cfg.stability;
   const bool shards = cfg.data.source == config::DataSource::kShards;
   const nlohmann::json report = shards ? prepare_report(cfg.data.path) : nullptr;
   if (!shards) {
@@ -136,7 +145,15 @@ std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t par
                   "stops after {} s without a batch; consumed-vs-steps cross-check at {:.0f} %",
                   cfg.data.loader.low_watermark, cfg.data.loader.high_watermark,
                   cfg.data.loader.stall_timeout_s, cfg.data.consumed_tolerance * 100));
+}
 
+// The schedule's and the defences' items: warmup, lr decay, the alarm, checkpoints, snapshots.
+void check_schedule_and_recovery(const config::Config& cfg, int64_t parameters,
+                                 std::vector<ChecklistItem>& out) {
+  auto add = [&](std::string item, Status status, std::string what) {
+    out.push_back({std::move(item), status, std::move(what)});
+  };
+  const auto& st = cfg.stability;
   const int64_t warmup = config::warmup_steps(cfg.schedule, cfg.run.max_steps);
   const bool large = parameters > 1'000'000'000;
   add("warmup", large && warmup < 2000 ? Status::kWarn : Status::kOk,
@@ -180,6 +197,15 @@ std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t par
         : !st.rollback.enabled
             ? "stability.rollback.enabled is false: alarms skip steps instead of rolling back"
             : "checkpoint.every_steps 0: the only stable snapshot is the start of the run");
+}
+
+}  // namespace
+
+std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters) {
+  std::vector<ChecklistItem> out;
+  check_optimizer(cfg, out);
+  check_data(cfg, out);
+  check_schedule_and_recovery(cfg, parameters, out);
   return out;
 }
 

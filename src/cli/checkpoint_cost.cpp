@@ -52,8 +52,10 @@ double probe_host_copy(size_t bytes) {
 }
 
 // Peak matmul throughput of this LibTorch on the run's device in the run's precision: the best of
-// a few square matmuls after a warm-up.
-double probe_matmul(const config::RunConfig& run) {
+// a few square matmuls after a warm-up. nullopt when the run asks for CUDA and this machine has
+// none (a GPU config validated on a login node).
+std::optional<double> probe_matmul(const config::RunConfig& run) {
+  if (run.device == config::Device::kCuda && !torch::cuda::is_available()) return std::nullopt;
   const bool cuda = run.device == config::Device::kCuda ||
                     (run.device == config::Device::kAuto && torch::cuda::is_available());
   const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
@@ -116,6 +118,7 @@ CheckpointCost estimate_checkpoint_cost(const config::Config& cfg,
     cost.disk_write_bytes_per_s = probe_disk_write(dir, probe_bytes);
     cost.host_copy_bytes_per_s = probe_host_copy(probe_bytes);
     cost.matmul_flops_per_s = probe_matmul(cfg.run);
+    cost.device_absent = !cost.matmul_flops_per_s;
   }
   if (options.step_seconds) {
     cost.step_seconds = options.step_seconds;
@@ -153,6 +156,11 @@ std::string format_checkpoint_cost(const CheckpointCost& c, const config::Config
                      bytes_text(std::min<double>(c.checkpoint_bytes, kProbeBytes)), c.probe_dir));
   else if (!c.probe_dir.empty())
     line("checkpoint write: unknown (the disk probe could not write in " + c.probe_dir + ")");
+  if (c.device_absent && !c.step_seconds_measured)
+    line(
+        fmt::format("step time: not estimated (run.device {} is not on this machine); pass "
+                    "--step-time SECONDS for the checkpoint share",
+                    config::name_of(cfg.run.device)));
   if (c.step_seconds) {
     if (c.step_seconds_measured)
       line(fmt::format("step time {} (given with --step-time)", seconds_text(*c.step_seconds)));
@@ -167,14 +175,18 @@ std::string format_checkpoint_cost(const CheckpointCost& c, const config::Config
     if (c.interval_steps > 0)
       line(fmt::format(
           "checkpoint.every_steps auto: every {} steps, stable candidates every {} "
-          "(a save costs at most {:.1f}% of training time; the run measures its own "
-          "save and step times at step 10 and decides again)",
-          c.interval_steps, c.stable_interval_steps, cfg.checkpoint.max_overhead * 100));
+          "(the interval at which a save costs {:.1f}% of training time, or closer where a run "
+          "keeps its minimum of {} checkpoints; the run measures its own save and step times "
+          "at step {} and decides again)",
+          c.interval_steps, c.stable_interval_steps, cfg.checkpoint.max_overhead * 100,
+          checkpoint::kMinAutoCheckpoints, checkpoint::kCadenceProbeStep));
     else
       line(
-          fmt::format("checkpoint.every_steps auto: decided at step 10 from the measured save and "
-                      "step times (a save costs at most {:.1f}% of training time)",
-                      cfg.checkpoint.max_overhead * 100));
+          fmt::format("checkpoint.every_steps auto: decided at step {} from the measured save and "
+                      "step times (a save costs {:.1f}% of training time, or more where a run "
+                      "keeps its minimum of {} checkpoints)",
+                      checkpoint::kCadenceProbeStep, cfg.checkpoint.max_overhead * 100,
+                      checkpoint::kMinAutoCheckpoints));
   }
   if (c.stall_seconds && c.interval_steps > 0) {
     const std::string every = c.interval_steps < cfg.run.max_steps

@@ -36,6 +36,7 @@ struct CheckpointCost {
   std::optional<double> host_copy_bytes_per_s;
   double flops_per_step = 0;
   std::optional<double> matmul_flops_per_s;  // measured peak on the run's device and precision
+  bool device_absent = false;  // the run's device is not on this machine: no matmul probe
   std::optional<double> step_seconds;
   bool step_seconds_measured = false;  // true when given by the user
   int64_t interval_steps = 0;  // steps between saves (max_steps when only at the end; 0 unknown)

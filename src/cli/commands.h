@@ -25,6 +25,11 @@ void register_report(CLI::App& app, int& exit_code);
 void register_sample(CLI::App& app, int& exit_code);
 void register_export(CLI::App& app, int& exit_code);
 
+// `keel launch --nproc 2 train CONFIG --set k=v`: without `--`, the options of the command each
+// rank runs reach launch's own parser. UserError naming them, with the user's line and `--` in
+// its place; nothing for any other command line. Called before parsing.
+void check_launch_separator(int argc, const char* const* argv);
+
 // Shared by the subcommands: the embedded default config's text and display name.
 const std::string& embedded_default_config();
 inline constexpr const char* kEmbeddedConfigName = "<embedded>/configs/tiny.yaml";

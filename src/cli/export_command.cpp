@@ -68,6 +68,32 @@ void check_out(const fs::path& out) {
                   " exists and is not an empty directory; HINT: remove it or pick another --out");
 }
 
+// Where the tokenizer comes from: --tokenizer-from, else the data the run trained on; or why
+// there is none (the dataset directory empty then).
+std::pair<std::string, std::string> tokenizer_source(const ExportArgs& a,
+                                                     const config::Config& cfg) {
+  std::string data_dir = a.tokenizer_from;
+  std::string no_tokenizer_reason;
+  if (a.no_tokenizer) {
+    no_tokenizer_reason = "--no-tokenizer";
+  } else if (data_dir.empty()) {
+    if (cfg.data.source == config::DataSource::kSynthetic) {
+      no_tokenizer_reason =
+          "the run trained on synthetic data (data.source synthetic), which has no text";
+    } else {
+      data_dir = cfg.data.path;
+    }
+  }
+  std::error_code ec;
+  if (!data_dir.empty() && !fs::exists(fs::path(data_dir) / "meta.json", ec))
+    throw DataError(fmt::format(
+        "{}/meta.json: not found, so the tokenizer cannot be exported{}; HINT: pass "
+        "--tokenizer-from DATA_DIR (the dataset `keel prepare` wrote), or --no-tokenizer for the "
+        "weights alone",
+        data_dir, a.tokenizer_from.empty() ? " (data.path of the checkpoint's config)" : ""));
+  return {data_dir, no_tokenizer_reason};
+}
+
 int export_hf(const ExportArgs& a) {
   const fs::path dir = find_checkpoint_dir(a.checkpoint);
   const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
@@ -88,27 +114,8 @@ int export_hf(const ExportArgs& a) {
   const auto tensors =
       checkpoint::to_hf_tensors(weights.tensors, m, (dir / "model.safetensors").string());
 
-  // Where the tokenizer comes from: --tokenizer-from, else the data the run trained on.
-  std::string data_dir = a.tokenizer_from;
-  std::string no_tokenizer_reason;
-  if (a.no_tokenizer) {
-    no_tokenizer_reason = "--no-tokenizer";
-  } else if (data_dir.empty()) {
-    if (cfg.data.source == config::DataSource::kSynthetic) {
-      no_tokenizer_reason =
-          "the run trained on synthetic data (data.source synthetic), which has no text";
-    } else {
-      data_dir = cfg.data.path;
-    }
-  }
+  const auto [data_dir, no_tokenizer_reason] = tokenizer_source(a, cfg);
   std::error_code ec;
-  if (!data_dir.empty() && !fs::exists(fs::path(data_dir) / "meta.json", ec))
-    throw DataError(fmt::format(
-        "{}/meta.json: not found, so the tokenizer cannot be exported{}; HINT: pass "
-        "--tokenizer-from DATA_DIR (the dataset `keel prepare` wrote), or --no-tokenizer for the "
-        "weights alone",
-        data_dir, a.tokenizer_from.empty() ? " (data.path of the checkpoint's config)" : ""));
-
   const fs::path out = fs::path(a.out).lexically_normal();
   check_out(out);
   const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
@@ -176,10 +183,13 @@ void register_export(CLI::App& app, int& exit_code) {
                   "data.path)");
   sub->add_flag("--no-tokenizer", args->no_tokenizer, "export the weights and config only");
   sub->footer(
-      "example: keel export runs/tiny/checkpoints/step_00000400 --format hf --out tiny-hf\n"
-      "then in Python: AutoModelForCausalLM.from_pretrained(\"tiny-hf\"), "
+      "In Python: AutoModelForCausalLM.from_pretrained(\"tiny-hf\"), "
       "AutoTokenizer.from_pretrained(\"tiny-hf\")\n"
-      "start training from it again: keel train CONFIG --init-from tiny-hf\n");
+      "\n"
+      "Examples:\n"
+      "  keel export runs/tiny/checkpoints/step_00000400 --format hf --out tiny-hf\n"
+      "  keel train configs/tiny.yaml --init-from tiny-hf --run-dir runs/tiny-again   # train on "
+      "from it");
   sub->callback([args, &exit_code] { exit_code = export_hf(*args); });
 }
 

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/resume_plan.h"
 #include "common/error.h"
+#include "common/paths.h"
 
 namespace keel::cli {
 
@@ -52,7 +53,8 @@ std::string config_summary(const fs::path& file) {
 
 int inspect(fs::path arg) {
   std::error_code ec;
-  if (!fs::is_directory(arg, ec)) throw CheckpointError(arg.string() + ": no such directory");
+  if (!fs::is_directory(arg, ec))
+    throw CheckpointError(arg.string() + ": no such directory" + relative_note(arg));
   fs::path run_dir;
   // A run directory: its checkpoints/, and what each resume would do there.
   if (!fs::exists(arg / "MANIFEST.json", ec) && fs::is_directory(arg / "checkpoints", ec)) {

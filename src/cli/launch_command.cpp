@@ -77,45 +77,93 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// Starts rank `r` of `nproc`: this binary with `args` and torchrun's environment, its stdout and
+// stderr into a pipe whose read end the returned Rank holds.
+Rank start_rank(int r, int nproc, int port, const std::string& threads,
+                const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw UserError(std::string("keel launch: pipe: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) throw UserError(std::string("keel launch: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("KEEL_LAUNCH_PREFIXES_RANKS", "1", 1);   // the log leaves the rank tag to us
+    ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // as torchrun: the cores shared out
+    std::vector<char*> argv;
+    std::string self = "/proc/self/exe";
+    argv.push_back(self.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::perror("keel launch: exec");
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  Rank rank;
+  rank.pid = pid;
+  rank.out = fds[0];
+  return rank;
+}
+
+// Waits up to 100 ms for output and passes every complete line on, prefixed with its rank.
+void pump_output(std::vector<Rank>& ranks) {
+  std::vector<pollfd> fds;
+  std::vector<int> owner;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+    if (ranks[r].out >= 0) {
+      fds.push_back({ranks[r].out, POLLIN, 0});
+      owner.push_back(r);
+    }
+  if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    Rank& rk = ranks[owner[i]];
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(rk.out, buf, sizeof buf)) > 0) rk.partial.append(buf, n);
+    flush_lines(rk, owner[i], false);
+    if (n == 0) {
+      flush_lines(rk, owner[i], true);
+      ::close(rk.out);
+      rk.out = -1;
+    }
+  }
+}
+
+// Reaps the ranks that exited; the one that failed first of those (a rank that failed of its own
+// accord before one whose collective failed because a peer was gone, exit code 3), if any.
+std::optional<int> reap(std::vector<Rank>& ranks) {
+  std::optional<int> failed_now;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    if (ranks[r].exit_code) continue;
+    int status = 0;
+    if (::waitpid(ranks[r].pid, &status, WNOHANG) != ranks[r].pid) continue;
+    ranks[r].exit_code = exit_code_of(status);
+    if (*ranks[r].exit_code != 0 &&
+        (!failed_now || (*ranks[*failed_now].exit_code == kPeerFailedExit &&
+                         *ranks[r].exit_code != kPeerFailedExit)))
+      failed_now = r;
+  }
+  return failed_now;
+}
+
 int launch(int nproc, int port, const std::vector<std::string>& args, double grace_s) {
   if (port == 0) port = free_loopback_port();
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(nproc)));
-  std::vector<Rank> ranks(nproc);
-  for (int r = 0; r < nproc; ++r) {
-    int fds[2];
-    if (::pipe(fds) != 0)
-      throw UserError(std::string("keel launch: pipe: ") + std::strerror(errno));
-    const pid_t pid = ::fork();
-    if (pid < 0) throw UserError(std::string("keel launch: fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::dup2(fds[1], STDERR_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("KEEL_LAUNCH_PREFIXES_RANKS", "1", 1);   // the log leaves the rank tag to us
-      ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // as torchrun: the cores shared out
-      std::vector<char*> argv;
-      std::string self = "/proc/self/exe";
-      argv.push_back(self.data());
-      std::vector<std::string> copy = args;
-      for (auto& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      std::perror("keel launch: exec");
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    ranks[r].pid = pid;
-    ranks[r].out = fds[0];
-  }
+  std::vector<Rank> ranks;
+  for (int r = 0; r < nproc; ++r) ranks.push_back(start_rank(r, nproc, port, threads, args));
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
@@ -128,51 +176,14 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
       if (!rk.exit_code) ::kill(rk.pid, sig);
   };
   while (true) {
-    // Output first, so a rank's last lines come before its exit is reported.
-    std::vector<pollfd> fds;
-    std::vector<int> owner;
-    for (int r = 0; r < nproc; ++r)
-      if (ranks[r].out >= 0) {
-        fds.push_back({ranks[r].out, POLLIN, 0});
-        owner.push_back(r);
-      }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& rk = ranks[owner[i]];
-      char buf[4096];
-      ssize_t n;
-      while ((n = ::read(rk.out, buf, sizeof buf)) > 0) rk.partial.append(buf, n);
-      flush_lines(rk, owner[i], false);
-      if (n == 0) {
-        flush_lines(rk, owner[i], true);
-        ::close(rk.out);
-        rk.out = -1;
-      }
-    }
-    std::optional<int> failed_now;
-    for (int r = 0; r < nproc; ++r) {
-      if (ranks[r].exit_code) continue;
-      int status = 0;
-      if (::waitpid(ranks[r].pid, &status, WNOHANG) != ranks[r].pid) continue;
-      ranks[r].exit_code = exit_code_of(status);
-      // Ranks reaped together: one that failed of its own accord comes before one whose
-      // collective failed because a peer was gone (exit code 3).
-      if (*ranks[r].exit_code != 0 &&
-          (!failed_now || (*ranks[*failed_now].exit_code == kPeerFailedExit &&
-                           *ranks[r].exit_code != kPeerFailedExit)))
-        failed_now = r;
-    }
-    if (failed_now) {
-      const int r = *failed_now;
-      if (!first_failed && forwarded == 0) {
-        first_failed = r;
-        std::cerr << "keel launch: rank " << r << " exited with " << *ranks[r].exit_code
-                  << "; stopping the other ranks\n";
-        signal_all(SIGTERM);
-        kill_at = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
-      }
+    pump_output(ranks);  // output first, so a rank's last lines come before its exit is reported
+    if (const auto failed = reap(ranks); failed && !first_failed && forwarded == 0) {
+      first_failed = *failed;
+      std::cerr << "keel launch: rank " << *failed << " exited with " << *ranks[*failed].exit_code
+                << "; stopping the other ranks\n";
+      signal_all(SIGTERM);
+      kill_at = std::chrono::steady_clock::now() +
+                std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
     }
     if (const int sig = g_forward_signal.exchange(0); sig != 0) {
       forwarded = sig;
@@ -198,6 +209,34 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
 
 }  // namespace
 
+void check_launch_separator(int argc, const char* const* argv) {
+  if (argc < 2 || std::string(argv[1]) != "launch") return;
+  std::vector<std::string> args(argv + 2, argv + argc);
+  size_t command = args.size();  // the first word that is not launch's own
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return;
+    if (a == "--nproc" || a == "--master-port" || a == "--grace") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("-", 0) == 0) continue;
+    command = i;
+    break;
+  }
+  std::string stray;
+  for (size_t i = command; i < args.size(); ++i)
+    if (args[i].rfind("-", 0) == 0) {
+      stray = args[i];
+      break;
+    }
+  if (stray.empty()) return;  // `keel launch --nproc 2 train CONFIG` parses as it is
+  std::string line = "keel launch";
+  for (size_t i = 0; i < args.size(); ++i) line += (i == command ? " -- " : " ") + args[i];
+  throw UserError("keel launch: " + stray + " belongs to the command each rank runs (" +
+                  args[command] + "), not to launch; put `--` before that command\nHINT: " + line);
+}
+
 void register_launch(CLI::App& app, int& exit_code) {
   auto nproc = std::make_shared<int>(2);
   auto port = std::make_shared<int>(0);
@@ -215,11 +254,12 @@ void register_launch(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("command", *args, "the keel command each rank runs, after --")->required();
   sub->footer(
+      "The same job under torchrun: torchrun --no-python --nproc_per_node 2 keel train CONFIG ...\n"
+      "\n"
       "Examples:\n"
       "  keel launch --nproc 2 -- train configs/tiny.yaml --set run.max_steps=100\n"
       "  keel launch --nproc 8 -- train configs/gpt2-124m.yaml --run-dir runs/gpt2 --resume "
-      "latest\n"
-      "The same job under torchrun: torchrun --no-python --nproc_per_node 2 keel train CONFIG ...");
+      "latest");
   sub->callback(
       [nproc, port, grace, args, &exit_code] { exit_code = launch(*nproc, *port, *args, *grace); });
 }

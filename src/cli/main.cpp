@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   keel::cli::register_sample(app, exit_code);
   keel::cli::register_export(app, exit_code);
   try {
+    keel::cli::check_launch_separator(argc, argv);
     app.parse(argc, argv);
     return exit_code;
   } catch (const CLI::ParseError& e) {

@@ -55,6 +55,95 @@ std::function<void(const data::PrepareProgress&)> prepare_progress_printer(
 
 }  // namespace
 
+namespace {
+
+// Inputs, output and tokenizer.
+void add_io_options(CLI::App& sub, data::PrepareOptions& o) {
+  sub.add_option("--input", o.inputs, "input files, directories or globs")->required();
+  sub.add_option("--output", o.output, "dataset directory to write (new or empty)")->required();
+  sub.add_flag("--overwrite", o.overwrite,
+               "replace what --output holds: the new dataset is written beside it and swapped in "
+               "whole at the end");
+  sub.add_option("--tokenizer", o.tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
+      ->capture_default_str();
+  sub.add_option("--format", o.input.format, "auto | text | jsonl")->capture_default_str();
+  sub.add_option("--text-field", o.input.text_field, "JSONL key holding the text")
+      ->capture_default_str();
+  sub.add_option("--separator", o.input.separator,
+                 "text: a line equal to this separates documents (default: one document per file)");
+}
+
+// Exact and near-duplicate removal.
+void add_dedup_options(CLI::App& sub, data::PrepareOptions& o, std::string& shingle, bool& no_exact,
+                       bool& no_near) {
+  sub.add_option("--dedup-threshold", o.minhash.threshold,
+                 "Jaccard similarity at which documents are near duplicates")
+      ->capture_default_str();
+  sub.add_option("--num-perm", o.minhash.num_perm, "MinHash permutations")->capture_default_str();
+  sub.add_option("--bands", o.minhash.bands, "LSH bands (num_perm / bands rows each)")
+      ->capture_default_str();
+  sub.add_option("--shingle", shingle, "word | char")
+      ->check(CLI::IsMember({"word", "char"}))
+      ->capture_default_str();
+  sub.add_option("--shingle-size", o.minhash.shingle_size, "words or characters per shingle")
+      ->capture_default_str();
+  sub.add_flag("--no-exact-dedup", no_exact, "keep exact duplicates");
+  sub.add_flag("--no-near-dedup", no_near, "skip MinHash near-duplicate removal");
+}
+
+// Length and repetition filters; the split, packing, clusters, shards and threads.
+void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
+  sub.add_option("--min-length", o.length.min_length, "remove documents shorter (bytes)")
+      ->capture_default_str();
+  sub.add_option("--max-length", o.length.max_length, "remove documents longer (bytes; 0 = none)")
+      ->capture_default_str();
+  sub.add_option("--drop-percentile-tails", o.length.drop_percentile_tails,
+                 "P: also remove the shortest and longest P percent (0 = off)")
+      ->capture_default_str();
+  sub.add_option("--max-repeated-share", o.repetition.max_repeated_share,
+                 "remove documents whose bytes are more than this share repeats of their own "
+                 "earlier 32-byte spans (0 = off)")
+      ->capture_default_str();
+  sub.add_option("--max-top-char-share", o.repetition.max_top_char_share,
+                 "remove documents where one character is more than this share of the "
+                 "non-whitespace text (0 = off)")
+      ->capture_default_str();
+  sub.add_option("--val-fraction", o.val_fraction,
+                 "share of documents for the val split (0 = no val split)")
+      ->capture_default_str();
+  sub.add_option("--seq-len", o.seq_len, "training window length the data is packed for")
+      ->capture_default_str();
+  sub.add_option("--keep-whole", o.keep_whole,
+                 "share of window-sized documents started on a window boundary instead of split "
+                 "(0 = off)")
+      ->capture_default_str();
+  sub.add_option("--cluster", o.cluster, "index cluster id: hash | source (input file)")
+      ->check(CLI::IsMember({"hash", "source"}))
+      ->capture_default_str();
+  sub.add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")->capture_default_str();
+  sub.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
+  sub.add_option("--seed", o.seed, "seed for MinHash, the split and keep-whole")
+      ->capture_default_str();
+}
+
+// The command line as given, recorded in meta.json.
+std::string command_line(const data::PrepareOptions& o, const CLI::App& sub) {
+  std::string command = "keel prepare";
+  for (const auto& in : o.inputs) command += " --input " + in;
+  command += " --output " + o.output + " --tokenizer " + o.tokenizer;
+  for (const auto* opt : sub.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name == "--input" || name == "--output" || name == "--tokenizer" ||
+        name == "--help")
+      continue;
+    command += " " + name;
+    for (const auto& r : opt->results()) command += " " + r;
+  }
+  return command;
+}
+
+}  // namespace
+
 void register_prepare(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<data::PrepareOptions>(data::recommended_prepare_options());
   auto shingle = std::make_shared<std::string>("word");
@@ -63,85 +152,24 @@ void register_prepare(CLI::App& app, int& exit_code) {
   auto* sub = app.add_subcommand("prepare",
                                  "turn raw text (files, dirs, globs; text or JSONL; "
                                  "gzip/zstd) into verified training shards");
-  sub->add_option("--input", o->inputs, "input files, directories or globs")->required();
-  sub->add_option("--output", o->output, "dataset directory to write")->required();
-  sub->add_option("--tokenizer", o->tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
-      ->capture_default_str();
-  sub->add_option("--format", o->input.format, "auto | text | jsonl")->capture_default_str();
-  sub->add_option("--text-field", o->input.text_field, "JSONL key holding the text")
-      ->capture_default_str();
-  sub->add_option(
-      "--separator", o->input.separator,
-      "text: a line equal to this separates documents (default: one document per file)");
-  sub->add_option("--dedup-threshold", o->minhash.threshold,
-                  "Jaccard similarity at which documents are near duplicates")
-      ->capture_default_str();
-  sub->add_option("--num-perm", o->minhash.num_perm, "MinHash permutations")->capture_default_str();
-  sub->add_option("--bands", o->minhash.bands, "LSH bands (num_perm / bands rows each)")
-      ->capture_default_str();
-  sub->add_option("--shingle", *shingle, "word | char")
-      ->check(CLI::IsMember({"word", "char"}))
-      ->capture_default_str();
-  sub->add_option("--shingle-size", o->minhash.shingle_size, "words or characters per shingle")
-      ->capture_default_str();
-  sub->add_flag("--no-exact-dedup", *no_exact, "keep exact duplicates");
-  sub->add_flag("--no-near-dedup", *no_near, "skip MinHash near-duplicate removal");
-  sub->add_option("--min-length", o->length.min_length, "remove documents shorter (bytes)")
-      ->capture_default_str();
-  sub->add_option("--max-length", o->length.max_length, "remove documents longer (bytes; 0 = none)")
-      ->capture_default_str();
-  sub->add_option("--drop-percentile-tails", o->length.drop_percentile_tails,
-                  "P: also remove the shortest and longest P percent (0 = off)")
-      ->capture_default_str();
-  sub->add_option("--max-repeated-share", o->repetition.max_repeated_share,
-                  "remove documents whose bytes are more than this share repeats of their own "
-                  "earlier 32-byte spans (0 = off)")
-      ->capture_default_str();
-  sub->add_option("--max-top-char-share", o->repetition.max_top_char_share,
-                  "remove documents where one character is more than this share of the "
-                  "non-whitespace text (0 = off)")
-      ->capture_default_str();
-  sub->add_option("--val-fraction", o->val_fraction,
-                  "share of documents for the val split (0 = no val split)")
-      ->capture_default_str();
-  sub->add_option("--seq-len", o->seq_len, "training window length the data is packed for")
-      ->capture_default_str();
-  sub->add_option("--keep-whole", o->keep_whole,
-                  "share of window-sized documents started on a window boundary instead of split "
-                  "(0 = off)")
-      ->capture_default_str();
-  sub->add_option("--cluster", o->cluster, "index cluster id: hash | source (input file)")
-      ->check(CLI::IsMember({"hash", "source"}))
-      ->capture_default_str();
-  sub->add_option("--shard-tokens", o->shard_tokens, "tokens per shard file")
-      ->capture_default_str();
-  sub->add_option("--threads", o->threads, "worker threads (0 = all cores)")->capture_default_str();
-  sub->add_option("--seed", o->seed, "seed for MinHash, the split and keep-whole")
-      ->capture_default_str();
+  add_io_options(*sub, *o);
+  add_dedup_options(*sub, *o, *shingle, *no_exact, *no_near);
+  add_filter_and_packing_options(*sub, *o);
   sub->footer(
       "Examples:\n"
       "  keel prepare --input corpus/ --output data/corpus                  # byte tokenizer, "
       "defaults\n"
       "  keel prepare --input 'dumps/*.jsonl.zst' --output data/web --tokenizer spm-train:8000\n"
-      "  keel prepare --input /usr/share/games/fortunes --output data/fortunes --val-fraction "
-      "0.05");
+      "  keel prepare --input /usr/share/games/fortunes --output data/fortunes --separator % "
+      "--val-fraction 0.05\n"
+      "  keel prepare --input corpus/ --output data/corpus --overwrite      # replace that "
+      "dataset");
   sub->callback([o, shingle, no_exact, no_near, &exit_code, sub] {
     log::init(0, 1);
     o->minhash.char_shingles = *shingle == "char";
     o->exact_dedup = !*no_exact;
     o->near_dedup = !*no_near;
-    std::string command = "keel prepare";
-    for (const auto& in : o->inputs) command += " --input " + in;
-    command += " --output " + o->output + " --tokenizer " + o->tokenizer;
-    for (const auto* opt : sub->get_options()) {
-      const std::string name = opt->get_name();
-      if (opt->count() == 0 || name == "--input" || name == "--output" || name == "--tokenizer" ||
-          name == "--help")
-        continue;
-      command += " " + name;
-      for (const auto& r : opt->results()) command += " " + r;
-    }
-    o->command = command;
+    o->command = command_line(*o, *sub);
     monitor::Progress progress(config::Switch::kAuto, true);
     o->on_progress = prepare_progress_printer(progress);
     auto report = data::prepare(*o);

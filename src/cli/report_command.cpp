@@ -47,10 +47,11 @@ void register_report(CLI::App& app, int& exit_code) {
       ->required();
   sub->add_option("-o,--output", *output, "where to write the page (default RUN_DIR/report.html)");
   sub->footer(
-      "Example:\n"
+      "The page needs no network and no script: open it in any browser, or mail it.\n"
+      "\n"
+      "Examples:\n"
       "  keel report runs/tiny                 # writes runs/tiny/report.html\n"
-      "  keel report runs/tiny -o /tmp/tiny.html\n"
-      "The page needs no network and no script: open it in any browser, or mail it.");
+      "  keel report runs/tiny -o tiny-report.html");
   sub->callback([run_dir, output, &exit_code] {
     const report::RunRecord run = report::load_run(*run_dir);
     const fs::path path = output->empty() ? fs::path(*run_dir) / "report.html" : fs::path(*output);

@@ -128,9 +128,15 @@ void register_sample(CLI::App& app, int& exit_code) {
   sub->add_option("--dump-logits", a->dump_logits,
                   "write the prompt's logits at every position to FILE (JSON {ids, logits})");
   sub->footer(
-      "Example:\n  keel sample runs/tiny --prompt 'Once upon a time' --tokens 100 "
-      "--temperature 0.8 --top-k 40\n  keel sample runs/tiny/checkpoints/step_00000400 --prompt "
-      "'The' --temperature 0   # greedy");
+      "A model trained on text continues text; one trained on the synthetic chain "
+      "(configs/tiny.yaml) "
+      "takes token ids.\n"
+      "\n"
+      "Examples:\n"
+      "  keel sample runs/fortunes --prompt 'Once upon a time' --tokens 100 --temperature 0.8 "
+      "--top-k 40\n"
+      "  keel sample runs/tiny/checkpoints/step_00000400 --prompt '1 2 3' --temperature 0   # "
+      "greedy");
   sub->callback([a, &exit_code] {
     log::init(0, 1);
     exit_code = sample(*a);

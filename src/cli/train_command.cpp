@@ -4,8 +4,8 @@
 #include "cli/config_args.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "dist/communicator.h"
-#include "dist/process_group.h"
+#include "distributed/communicator.h"
+#include "distributed/process_group.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -13,17 +13,19 @@ namespace keel::cli {
 void register_train(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConfigArgs>();
   auto options = std::make_shared<train::TrainOptions>();
+  auto resume = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("train", "train a model");
   add_config_options(*sub, *args);
   sub->add_option("--run-dir", options->run_dir, "run directory (default: run.out_dir/run.name)");
-  sub->add_option("--resume", options->resume,
+  sub->add_option("--resume", *resume,
                   "latest | stable | a checkpoint directory; `latest` with no checkpoint yet "
                   "starts fresh, so a restart loop can always pass it; `stable` is a recovery "
                   "(stability.recovery.on_resume)");
   sub->add_option("--resume-data", options->resume_data,
                   "a resume that is a recovery: `skip` sets the data consumed since the snapshot "
                   "aside (quarantine.jsonl), `replay` trains on it again")
-      ->check(CLI::IsMember({"replay", "skip"}));
+      ->transform(CLI::CheckedTransformer(std::map<std::string, train::ResumeData>{
+          {"skip", train::ResumeData::kSkip}, {"replay", train::ResumeData::kReplay}}));
   sub->add_option("--init-from", options->init_from,
                   "start from the weights of a Hugging Face model directory (`keel export "
                   "--format hf` writes one; its config.json must match the model section); a "
@@ -37,12 +39,13 @@ void register_train(CLI::App& app, int& exit_code) {
       "preemption\n"
       "  keel train configs/tiny.yaml --run-dir runs/tiny --resume stable   # back to the stable "
       "snapshot");
-  sub->callback([args, options, &exit_code] {
+  sub->callback([args, options, resume, &exit_code] {
+    options->resume = train::ResumeRequest::parse(*resume);
     auto loaded = load(*args);
     // One process, or a rank of a job that torchrun, Slurm or `keel launch` started: the world
     // size is known before validation, which checks the global batch it makes (a locked config's
     // production.validated combinations included).
-    const dist::LaunchEnv env = dist::launch_env();
+    const distributed::LaunchEnv env = distributed::launch_env();
     log::init(env.rank, env.world_size);
     config::ValidateOptions validate_options;
     validate_options.run_dir = options->run_dir;  // the free-space check looks where checkpoints go
@@ -58,7 +61,7 @@ void register_train(CLI::App& app, int& exit_code) {
     const config::Config cfg = resolved(loaded);
     if (!options->init_from.empty()) checkpoint::check_hf_config(options->init_from, cfg.model);
     options->local_rank = env.local_rank;
-    const auto comm = dist::make_process_group(
+    const auto comm = distributed::make_process_group(
         env, cfg.distributed, train::select_device(cfg.run.device, env.local_rank));
     train::Trainer trainer(cfg, config::to_yaml(cfg), *options, *comm);
     trainer.run();

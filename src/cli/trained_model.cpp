@@ -4,6 +4,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "common/error.h"
+#include "common/paths.h"
 #include "config/load.h"
 
 namespace keel::cli {
@@ -12,7 +13,8 @@ namespace fs = std::filesystem;
 
 fs::path find_checkpoint_dir(const fs::path& arg) {
   std::error_code ec;
-  if (!fs::is_directory(arg, ec)) throw CheckpointError(arg.string() + ": no such directory");
+  if (!fs::is_directory(arg, ec))
+    throw CheckpointError(arg.string() + ": no such directory" + relative_note(arg));
   if (fs::exists(arg / "MANIFEST.json", ec)) return arg;
   const fs::path checkpoints =
       fs::is_directory(arg / "checkpoints", ec) ? arg / "checkpoints" : arg;

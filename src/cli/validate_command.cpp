@@ -33,12 +33,15 @@ void register_validate(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-probe", *no_probe,
                 "skip the disk-write and matmul probes behind the checkpoint cost estimate");
   sub->footer(
+      "Where the config's run directory exists, it also says what each --resume would load there.\n"
+      "\n"
       "Examples:\n"
       "  keel validate                                   # the embedded default "
       "(configs/tiny.yaml)\n"
-      "  keel validate configs/production-124m.yaml --world-size 8 --step-time 0.9\n"
-      "  keel validate configs/tiny.yaml --set optim.lr=1e-3 --print-config\n"
-      "Where the config's run directory exists, it also says what each --resume would load there.");
+      "  keel validate configs/production-124m.yaml --step-time 0.9    # the locked production "
+      "config\n"
+      "  keel validate configs/tiny.yaml --world-size 4                 # as 4 ranks would run it\n"
+      "  keel validate configs/tiny.yaml --set optim.lr=1e-3 --print-config");
   sub->callback([args, print_config, world, step_time, no_probe, &exit_code] {
     auto loaded = load(*args);
     // Validation runs even when loading found errors, so every independent problem is
@@ -54,14 +57,17 @@ void register_validate(CLI::App& app, int& exit_code) {
       return;
     }
     const config::Config cfg = resolved(loaded);
+    // With --print-config, stdout is the config alone (loadable by `keel train`); the estimates,
+    // the checklist and the verdict go to stderr.
+    std::ostream& report = *print_config ? std::cerr : std::cout;
     // As written, `auto` keys included; config.resolved.yaml records what a run resolved them to.
-    if (*print_config) std::cout << config::to_yaml(loaded.config);
+    if (*print_config) std::cout << config::to_yaml(loaded.config) << std::flush;
     CheckpointCostOptions cost_options;
     cost_options.world_size = *world;
     cost_options.probe = !*no_probe;
     if (*step_time > 0) cost_options.step_seconds = *step_time;
     const auto cost = estimate_checkpoint_cost(cfg, cost_options);
-    std::cout << format_checkpoint_cost(cost, cfg);
+    report << format_checkpoint_cost(cost, cfg);
     if (cost.share && *cost.share > kCheckpointShareWarn) {
       config::Diagnostic d{
           config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
@@ -72,11 +78,11 @@ void register_validate(CLI::App& app, int& exit_code) {
                       loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
       print_diagnostics({d});
     }
-    std::cout << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
+    report << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
     // An existing run: what each --resume would do there.
     const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
-    std::cout << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
-    std::cout << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";
+    report << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
+    report << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";
     exit_code = 0;
   });
 }

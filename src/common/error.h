@@ -1,7 +1,10 @@
 // The one error hierarchy of keel. Every error is caught in main(), which maps it to an exit code:
 //   2  the user's input is wrong (config, flags, data) — UserError and its children;
 //   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall, its
-//   record could not be written) — RunStopped; anything else is a bug.
+//   record could not be written) — RunStopped — or a collective failed, most often because
+//   another rank died first — DistError;
+//   128 + signal after SIGTERM/SIGINT (a checkpoint was written) — Interrupted;
+//   1  anything else: a bug.
 #pragma once
 
 #include <stdexcept>

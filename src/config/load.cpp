@@ -22,6 +22,9 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/paths.h"
+#include "common/spelling.h"
+#include "config/key_paths.h"
 
 namespace keel::config {
 namespace {
@@ -29,91 +32,8 @@ namespace {
 // Diagnostics of a --set flag carry this file name and the flag's 1-based index as the column.
 constexpr const char* kSetFile = "--set";
 
-std::string join_key(const std::string& prefix, const std::string& key) {
-  return prefix.empty() ? key : prefix + "." + key;
-}
-
-std::string parent_of(const std::string& path) {
-  const size_t cut = path.find_last_of('.');
-  return cut == std::string::npos ? "" : path.substr(0, cut);
-}
-
-std::string last_segment(const std::string& path) {
-  const size_t cut = path.find_last_of('.');
-  return cut == std::string::npos ? path : path.substr(cut + 1);
-}
-
-// ---- Key listing
-// ---------------------------------------------------------------------------------
-
-// Collects dotted paths: scalar fields and lists always, sections too when asked (for suggestions,
-// where a misplaced section name such as `loader` at the top level should find data.loader).
-class KeyLister {
- public:
-  KeyLister(std::vector<std::string>& out, std::string prefix, bool with_sections)
-      : out_(out), prefix_(std::move(prefix)), with_sections_(with_sections) {}
-
-  template <class T>
-  void field(const char* key, T&) {
-    out_.push_back(join_key(prefix_, key));
-  }
-  void field(const char* key, int64_t& value, AutoAllowed) { field(key, value); }
-  template <class S>
-  void section(const char* key, S& sub) {
-    const std::string path = join_key(prefix_, key);
-    if (with_sections_) out_.push_back(path);
-    KeyLister nested(out_, path, with_sections_);
-    visit(nested, sub);
-  }
-  template <class S>
-  void list(const char* key, std::vector<S>&) {
-    out_.push_back(join_key(prefix_, key));
-  }
-
- private:
-  std::vector<std::string>& out_;
-  std::string prefix_;
-  bool with_sections_;
-};
-
-const std::vector<std::string>& schema_paths_with_sections() {
-  static const std::vector<std::string> paths = [] {
-    std::vector<std::string> out;
-    Config scratch;
-    KeyLister lister(out, "", true);
-    visit(lister, scratch);
-    return out;
-  }();
-  return paths;
-}
-
 // ---- Did-you-mean
 // --------------------------------------------------------------------------------
-
-size_t levenshtein(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// A typo budget that grows with the word: one edit for short keys, about a third of a long one.
-// A prefix of 3+ characters also counts ("optimizer" for optim, "warmup" for warmup_steps).
-bool close_enough(const std::string& typed, const std::string& candidate) {
-  const size_t limit = typed.size() <= 3 ? 1 : std::max<size_t>(2, typed.size() / 3);
-  if (levenshtein(typed, candidate) <= limit) return true;
-  const auto& shorter = typed.size() < candidate.size() ? typed : candidate;
-  const auto& longer = typed.size() < candidate.size() ? candidate : typed;
-  return shorter.size() >= 3 && longer.starts_with(shorter);
-}
 
 // " (did you mean X?)" for an unknown `key` under `prefix`, or "". The closest sibling is the usual
 // typo; the same name in another section ("lr" under schedule -> optim.lr) is the usual
@@ -121,12 +41,7 @@ bool close_enough(const std::string& typed, const std::string& candidate) {
 std::string did_you_mean(const std::string& prefix, const std::string& key,
                          const std::vector<std::string>& siblings) {
   std::vector<std::string> picks;
-  const std::string* best = nullptr;
-  for (const auto& sibling : siblings) {
-    if (!close_enough(key, sibling)) continue;
-    if (!best || levenshtein(key, sibling) < levenshtein(key, *best)) best = &sibling;
-  }
-  if (best) picks.push_back(join_key(prefix, *best));
+  if (auto best = closest_word(key, siblings)) picks.push_back(join_key(prefix, *best));
   for (const auto& path : schema_paths_with_sections()) {
     if (parent_of(path) == prefix || last_segment(path) != key) continue;
     if (picks.size() < 3) picks.push_back(path);
@@ -463,118 +378,6 @@ class Reader {
   std::vector<std::string> known_;  // the field names of this struct, for did-you-mean
 };
 
-// ---- Writer
-// --------------------------------------------------------------------------------------
-
-std::string yaml_scalar(const std::string& s) {
-  // Always double-quoted: no string can then be mistaken for a number, bool or null on reading
-  // back.
-  std::string out = "\"";
-  for (const unsigned char ch : s) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (ch < 0x20 || ch == 0x7f) {
-          static const char* kHex = "0123456789abcdef";
-          out += "\\x";
-          out += kHex[ch >> 4];
-          out += kHex[ch & 0xf];
-        } else {
-          out += static_cast<char>(ch);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string yaml_scalar(bool b) { return b ? "true" : "false"; }
-
-std::string yaml_scalar(int64_t i) { return std::to_string(i); }
-// Quoted like any string, so that YAML 1.1 readers do not take `off` for a bool.
-template <Choice E>
-std::string yaml_scalar(E e) {
-  return yaml_scalar(std::string(name_of(e)));
-}
-
-// Shortest text that parses back to the same double (std::to_chars), so the round trip is exact,
-// then made to look like a float to every YAML reader: YAML 1.1 readers (PyYAML) take "3e-04" for a
-// string and "1" for an int, so write "3.0e-4" and "1.0".
-std::string yaml_scalar(double d) {
-  if (std::isnan(d)) return ".nan";
-  if (std::isinf(d)) return d > 0 ? ".inf" : "-.inf";
-  char buffer[64];
-  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, d);
-  std::string text(buffer, end);
-  const size_t exponent = text.find('e');
-  std::string mantissa = text.substr(0, exponent);
-  if (mantissa.find('.') == std::string::npos) mantissa += ".0";
-  if (exponent == std::string::npos) return mantissa;
-  std::string digits = text.substr(exponent + 2);  // to_chars writes a sign: e+20, e-04
-  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
-  return mantissa + "e" + text[exponent + 1] + digits;
-}
-
-template <class T>
-std::string yaml_scalar(const std::vector<T>& items) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + yaml_scalar(items[i]);
-  return out + "]";
-}
-
-// Block style for sections and lists of structs, flow style for lists of scalars.
-class Writer {
- public:
-  Writer(std::string& out, int indent) : out_(out), indent_(indent) {}
-
-  template <class T>
-  void field(const char* key, T& value) {
-    out_ += pad() + key + ": " + yaml_scalar(value) + "\n";
-  }
-  void field(const char* key, int64_t& value, AutoAllowed) {
-    out_ += pad() + key + ": " + (value == kAuto ? std::string("auto") : yaml_scalar(value)) + "\n";
-  }
-  template <class S>
-  void section(const char* key, S& sub) {
-    out_ += pad() + key + ":\n";
-    Writer nested(out_, indent_ + 2);
-    visit(nested, sub);
-  }
-  template <class S>
-  void list(const char* key, std::vector<S>& items) {
-    if (items.empty()) {
-      out_ += pad() + key + ": []\n";
-      return;
-    }
-    out_ += pad() + key + ":\n";
-    for (auto& item : items) {
-      std::string body;
-      Writer nested(body, indent_ + 4);
-      visit(nested, item);
-      body.replace(indent_ + 2, 2, "- ");  // the item's first key shares the line with its dash
-      out_ += body;
-    }
-  }
-
- private:
-  std::string pad() const { return std::string(indent_, ' '); }
-  std::string& out_;
-  int indent_;
-};
-
 // ---- Overrides and the production lock
 // -----------------------------------------------------------
 
@@ -731,41 +534,13 @@ LoadedConfig load_config_from_string(const std::string& yaml_text, const std::st
 LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
-    throw ConfigError(path + ": error: cannot read the config file (" + std::strerror(errno) +
-                      "). HINT: check the path; `keel validate` takes the YAML file itself");
+    throw ConfigError(path + ": error: cannot read the config file (" + std::strerror(errno) + ")" +
+                      relative_note(path) +
+                      ". HINT: check the path; `keel validate` takes the YAML file itself");
   }
   std::stringstream text;
   text << file.rdbuf();
   return load_config_from_string(text.str(), path, overrides);
-}
-
-std::string to_yaml(const Config& config) {
-  Config copy = config;  // visit() takes mutable references; the writer only reads
-  std::string out;
-  Writer writer(out, 0);
-  visit(writer, copy);
-  return out;
-}
-
-std::vector<std::string> all_key_paths() {
-  static const std::vector<std::string> paths = [] {
-    std::vector<std::string> out;
-    Config scratch;
-    KeyLister lister(out, "", false);
-    visit(lister, scratch);
-    return out;
-  }();
-  return paths;
-}
-
-bool key_matches(const std::string& pattern, const std::string& key) {
-  if (pattern == key || pattern == "*") return true;
-  if (pattern.size() >= 2 && pattern.ends_with(".*")) {
-    // "optim.*" covers optim.lr, optim.betas and anything nested deeper
-    // (stability.rollback.enabled).
-    return key.starts_with(pattern.substr(0, pattern.size() - 1));
-  }
-  return false;
 }
 
 }  // namespace keel::config

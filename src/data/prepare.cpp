@@ -1,6 +1,13 @@
 #include "data/prepare.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +19,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/paths.h"
+#include "data/prepare_passes.h"
 #include "data/shard_format.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
@@ -20,48 +29,6 @@ namespace keel::data {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr size_t kBlockDocs = 2048;
-constexpr size_t kBlockBytes = size_t{32} << 20;
-constexpr size_t kSpmTrainBytes = size_t{64} << 20;  // text kept for spm-train
-
-enum Status : uint8_t { kKept = 0, kExactDup = 1, kNearDup = 2, kRepeated = 3, kOneChar = 4 };
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads.
-template <class Fn>
-void parallel_for(size_t n, int threads, Fn fn) {
-  int t = static_cast<int>(std::min<size_t>(n, std::max(threads, 1)));
-  if (t <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> pool;
-  for (int k = 0; k < t; ++k)
-    pool.emplace_back([&] {
-      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-    });
-  for (auto& th : pool) th.join();
-}
-
-// Reads documents in blocks (bounded by count and bytes), so memory stays flat.
-bool read_block(DocumentReader& reader, std::vector<Document>& block) {
-  block.clear();
-  size_t bytes = 0;
-  Document doc;
-  while (block.size() < kBlockDocs && bytes < kBlockBytes && reader.next(doc)) {
-    bytes += doc.text.size();
-    block.push_back(std::move(doc));
-    doc = Document();
-  }
-  return !block.empty();
-}
-
-uint64_t mix(uint64_t seed, uint64_t x) {
-  uint64_t v[2] = {seed, x};
-  return xxh3(v, sizeof v);
-}
-double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::string& spm_text,
                                           int threads) {
@@ -156,10 +123,86 @@ PrepareOptions recommended_prepare_options() {
   return o;
 }
 
+namespace {
+
+// The dataset written into `o.output` (an empty staging directory) from `files`.
+nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFile>& files,
+                             const std::vector<std::string>& skipped);
+
+// Staging directories of prepares into `output` whose process is gone (killed midway).
+void remove_stale_staging(const fs::path& output) {
+  std::error_code ec;
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  const std::string prefix = output.filename().string() + ".tmp-";
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno != EPERM)) remove_tree(e.path(), ec);
+  }
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Makes the staged dataset the output, atomically: a reader (or a kill -9 at any moment) sees the
+// old dataset or the new one, never a mix. The replaced dataset is removed after the exchange.
+void commit_dataset(const fs::path& staging, const fs::path& output) {
+  for (const auto& e : fs::directory_iterator(staging)) fsync_path(e.path());
+  fsync_path(staging);
+  if (::rename(staging.c_str(), output.c_str()) != 0) {
+    if (errno != EEXIST && errno != ENOTEMPTY)
+      throw DataError(output.string() +
+                      ": cannot move the new dataset into place: " + std::strerror(errno));
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) != 0)
+      throw DataError(output.string() +
+                      ": cannot swap in the new dataset: " + std::strerror(errno));
+    std::error_code ec;
+    remove_tree(staging, ec);  // the old dataset, swapped out
+  }
+  fsync_path(output.parent_path().empty() ? fs::path(".") : output.parent_path());
+}
+
+}  // namespace
+
+void check_prepare_output(const std::string& output, bool overwrite) {
+  if (output.empty()) throw DataError("--output: a directory is required");
+  std::error_code ec;
+  if (!fs::exists(output, ec)) return;
+  if (!fs::is_directory(output, ec))
+    throw DataError("--output " + output + ": exists and is not a directory");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(output, ec)) {
+    names.push_back(e.path().filename().string());
+    if (names.size() >= 100000) break;
+  }
+  if (names.empty() || overwrite) return;
+  std::sort(names.begin(), names.end());
+  const bool dataset = fs::exists(fs::path(output) / "meta.json", ec);
+  // What is there, the dataset's own file first when it is one.
+  std::string listed = dataset ? "meta.json" : "";
+  size_t shown = dataset ? 1 : 0;
+  for (const auto& n : names) {
+    if (shown == 5) break;
+    if (dataset && n == "meta.json") continue;
+    listed += (listed.empty() ? "" : ", ") + n;
+    ++shown;
+  }
+  if (names.size() > shown) listed += ", ... (" + std::to_string(names.size()) + " entries)";
+  throw DataError("--output " + output + ": not empty (" + listed + ")" +
+                  (dataset ? "; it holds a prepared dataset" : "") +
+                  "\nHINT: choose a new --output directory, or pass --overwrite to replace " +
+                  (dataset ? "that dataset" : "its contents") +
+                  " (the new dataset is written beside it and swapped in whole)");
+}
+
 nlohmann::json prepare(const PrepareOptions& o) {
-  auto t0 = std::chrono::steady_clock::now();
-  const double cpu0 = cpu_seconds();
-  int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   if (o.output.empty()) throw DataError("--output: a directory is required");
   if (o.val_fraction < 0 || o.val_fraction >= 1)
     throw DataError("--val-fraction " + std::to_string(o.val_fraction) + ": expected [0, 1)");
@@ -173,230 +216,53 @@ nlohmann::json prepare(const PrepareOptions& o) {
     if (o.minhash.threshold <= 0 || o.minhash.threshold > 1)
       throw DataError("--dedup-threshold must be in (0, 1]");
   }
+  check_prepare_output(o.output, o.overwrite);
   std::vector<std::string> skipped;
   auto files = expand_inputs(o.inputs, o.input, &skipped);
 
-  // The output directory: remove what a previous prepare left (meta.json first, so an interrupted
-  // run never leaves a directory that looks complete).
-  fs::create_directories(o.output);
-  fs::remove(o.output + "/meta.json");
-  for (const auto& e : fs::directory_iterator(o.output)) {
-    auto name = e.path().filename().string();
-    auto ext = e.path().extension().string();
-    if (ext == ".bin" || ext == ".idx" || name == "tokenizer.model") fs::remove(e.path());
-  }
-
-  // ---- Pass 1: dedup decisions and lengths. ----
-  std::vector<uint8_t> status;   // per input document
-  std::vector<int64_t> lengths;  // per input document (bytes)
-  std::vector<int64_t> file_first(files.size(), -1), file_docs(files.size(), 0);
-  std::unordered_set<uint64_t> exact_seen;
-  MinHashConfig mh = o.minhash;
-  mh.seed = o.seed;
-  MinHasher hasher(mh);
-  std::unique_ptr<NearDuplicateIndex> near;
-  if (o.near_dedup) near = std::make_unique<NearDuplicateIndex>(mh);
-  int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0, bytes_in = 0, invalid = 0;
-  int64_t tokens_out = 0;  // written in pass 2
-  std::string first_invalid;
-  const bool train_spm = o.tokenizer.rfind("spm-train:", 0) == 0;
-  std::string spm_text_path = o.output + "/.spm_train.txt";
-  std::ofstream spm_text;
-  size_t spm_bytes = 0;
-  if (train_spm) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
-  // Plain-text inputs are read byte for byte, so their sizes are pass 1's total; a compressed
-  // input's text size is only known once read.
-  int64_t pass1_total = 0;
-  for (const auto& f : files) {
+  // Everything is written into a staging directory beside the output and swapped in whole at the
+  // end, so an existing dataset (--overwrite) is never half replaced.
+  fs::path output = fs::path(o.output).lexically_normal();
+  if (output.filename().empty()) output = output.parent_path();  // "data/x/"
+  if (!output.parent_path().empty()) fs::create_directories(output.parent_path());
+  remove_stale_staging(output);
+  const fs::path staging = output.string() + ".tmp-" + std::to_string(::getpid());
+  fs::create_directories(staging);
+  PrepareOptions staged = o;
+  staged.output = staging.string();
+  nlohmann::json report;
+  try {
+    report = write_dataset(staged, files, skipped);
+    commit_dataset(staging, output);
+  } catch (...) {
     std::error_code ec;
-    const auto size = fs::file_size(f.path, ec);
-    const auto ext = fs::path(f.path).extension().string();
-    if (ec || ext == ".gz" || ext == ".zst") {
-      pass1_total = 0;
-      break;
-    }
-    pass1_total += static_cast<int64_t>(size);
+    remove_tree(staging, ec);
+    throw;
   }
-  auto report_progress = [&](int pass, const DocumentReader& reader, int64_t documents,
-                             int64_t total, std::chrono::steady_clock::time_point start) {
-    if (!o.on_progress) return;
-    PrepareProgress p;
-    p.pass = pass;
-    p.documents = documents;
-    p.bytes_read = reader.bytes_read();
-    p.bytes_total = total;
-    p.tokens_out = tokens_out;
-    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    o.on_progress(p);
-  };
-  {
-    const auto pass_start = std::chrono::steady_clock::now();
-    DocumentReader reader(files, o.input);
-    std::vector<Document> block;
-    std::vector<uint64_t> hashes;
-    std::vector<std::vector<uint32_t>> sigs;
-    std::vector<uint8_t> verdicts;
-    while (read_block(reader, block)) {
-      hashes.assign(block.size(), 0);
-      sigs.assign(block.size(), {});
-      verdicts.assign(block.size(), kKept);
-      parallel_for(block.size(), threads, [&](size_t i) {
-        const auto why = repetition_verdict(o.repetition, block[i].text);
-        if (!why.empty()) {
-          verdicts[i] = why == "one_character" ? kOneChar : kRepeated;
-          return;
-        }
-        hashes[i] = normalized_hash(block[i].text);
-        if (near) {
-          auto shingles = shingle_set(block[i].text, mh.char_shingles, mh.shingle_size);
-          if (!shingles.empty()) sigs[i] = hasher.signature(shingles);
-        }
-      });
-      for (size_t i = 0; i < block.size(); ++i) {
-        int64_t id = static_cast<int64_t>(status.size());
-        auto f = block[i].file;
-        if (file_first[f] < 0) file_first[f] = id;
-        ++file_docs[f];
-        lengths.push_back(static_cast<int64_t>(block[i].text.size()));
-        uint8_t s = verdicts[i];
-        if (s != kKept) {
-          ++(s == kOneChar ? one_char : repeated);
-        } else if (o.exact_dedup && !exact_seen.insert(hashes[i]).second) {
-          s = kExactDup;
-          ++exact_dups;
-        } else if (near && !sigs[i].empty()) {
-          if (near->find(sigs[i]) >= 0) {
-            s = kNearDup;
-            ++near_dups;
-          } else {
-            near->insert(id, std::move(sigs[i]));
-          }
-        }
-        status.push_back(s);
-        if (s == kKept && train_spm && spm_bytes < kSpmTrainBytes) {
-          std::string_view text = block[i].text;
-          size_t start = 0;
-          while (start < text.size()) {
-            size_t end = text.find('\n', start);
-            if (end == std::string_view::npos) end = text.size();
-            auto line = text.substr(start, end - start);
-            if (line.find_first_not_of(" \t\r") != std::string_view::npos) {
-              spm_text << line << '\n';
-              spm_bytes += line.size() + 1;
-            }
-            start = end + 1;
-          }
-        }
-      }
-      report_progress(1, reader, static_cast<int64_t>(status.size()), pass1_total, pass_start);
-    }
-    bytes_in = reader.bytes_read();
-    invalid = reader.invalid_records();
-    first_invalid = reader.first_invalid();
-  }
-  if (invalid > 0)
-    log::warn("data", "{} invalid JSONL record(s) skipped; first: {}", invalid, first_invalid);
-  if (train_spm) spm_text.close();
-  std::vector<int64_t> dedup_lengths;
-  for (size_t i = 0; i < status.size(); ++i)
-    if (status[i] == kKept) dedup_lengths.push_back(lengths[i]);
-  LengthFilter length_filter(o.length, dedup_lengths);
-  dedup_lengths.clear();
-  dedup_lengths.shrink_to_fit();
+  return report;
+}
 
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (train_spm) {
-    if (spm_bytes == 0) throw DataError("spm-train: no text left to train on after dedup");
-    tokenizer = make_tokenizer(o, spm_text_path, threads);
-    fs::remove(spm_text_path);
-  } else {
-    tokenizer = make_tokenizer(o, "", threads);
-  }
-  const uint32_t token_bytes = tokenizer->vocab_size() <= 65536 ? 2 : 4;
-  const uint32_t boundary = tokenizer->boundary_id();
+namespace {
 
-  // ---- Pass 2: tokenize and write. ----
-  std::map<std::string, std::unique_ptr<SplitWriter>> writers;
-  writers["train"] = std::make_unique<SplitWriter>(
-      o.output, "train", token_bytes, tokenizer->vocab_size(), boundary, o.shard_tokens);
-  if (o.val_fraction > 0)
-    writers["val"] = std::make_unique<SplitWriter>(
-        o.output, "val", token_bytes, tokenizer->vocab_size(), boundary, o.shard_tokens);
-  int64_t fill_tokens = 0, whole_docs = 0, long_docs = 0, docs_out = 0;
-  {
-    const auto pass_start = std::chrono::steady_clock::now();
-    DocumentReader reader(files, o.input);
-    std::vector<Document> block;
-    std::vector<std::vector<uint32_t>> tokens;
-    std::vector<uint64_t> hashes;
-    int64_t id0 = 0;
-    while (read_block(reader, block)) {
-      tokens.assign(block.size(), {});
-      hashes.assign(block.size(), 0);
-      auto kept = [&](size_t i) {
-        int64_t id = id0 + static_cast<int64_t>(i);
-        return status[id] == kKept && length_filter.keep(lengths[id]);
-      };
-      parallel_for(block.size(), threads, [&](size_t i) {
-        if (!kept(i)) return;
-        tokenizer->encode(block[i].text, tokens[i]);
-        hashes[i] = normalized_hash(block[i].text);
-      });
-      for (size_t i = 0; i < block.size(); ++i) {
-        if (!kept(i)) continue;
-        uint64_t id = static_cast<uint64_t>(id0 + static_cast<int64_t>(i));
-        bool val = o.val_fraction > 0 && unit(mix(o.seed, id)) < o.val_fraction;
-        SplitWriter& w = *writers[val ? "val" : "train"];
-        int64_t len = static_cast<int64_t>(tokens[i].size());
-        if (len + 1 > o.seq_len + 1) ++long_docs;  // spans windows, with boundary tokens around it
-        if (o.keep_whole > 0 && len <= o.seq_len && unit(mix(o.seed ^ 0x5eed, id)) < o.keep_whole) {
-          int64_t r = w.tokens() % o.seq_len;
-          if (r != 0 && r + len > o.seq_len) {
-            w.add_fill(o.seq_len - r);
-            fill_tokens += o.seq_len - r;
-          }
-          ++whole_docs;
-        }
-        uint32_t cluster = o.cluster == "source" ? static_cast<uint32_t>(block[i].file)
-                                                 : static_cast<uint32_t>(hashes[i] >> 32);
-        w.add_document(tokens[i], id, cluster);
-        tokens_out += len;
-        ++docs_out;
-      }
-      id0 += static_cast<int64_t>(block.size());
-      report_progress(2, reader, id0, bytes_in, pass_start);
-    }
-  }
-
-  nlohmann::json splits;
-  for (auto& [name, w] : writers) {
-    splits[name] = w->finish();
-    int64_t n = splits[name]["tokens"].get<int64_t>();
-    splits[name]["windows"] = n > 1 ? (n - 1) / o.seq_len : 0;
-  }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double cpu = cpu_seconds() - cpu0;  // of the whole process: prepare is all it does
-
-  nlohmann::json inputs = nlohmann::json::array();
-  for (size_t f = 0; f < files.size(); ++f)
-    inputs.push_back({{"path", files[f].path},
-                      {"format", files[f].jsonl ? "jsonl" : "text"},
-                      {"first_doc", std::max<int64_t>(file_first[f], 0)},
-                      {"documents", file_docs[f]}});
-
+// The report.json of a prepare: every figure of both passes, machine-readable.
+nlohmann::json make_report(const PrepareOptions& o, const std::vector<InputFile>& files,
+                           const std::vector<std::string>& skipped, const DedupResult& d,
+                           const LengthFilter& length_filter, const PackResult& p,
+                           uint32_t boundary, int threads, double seconds, double cpu) {
+  const MinHashConfig& mh = o.minhash;
   nlohmann::json report = {
-      {"documents_in", static_cast<int64_t>(status.size())},
-      {"exact_duplicates", exact_dups},
-      {"near_duplicates", near_dups},
+      {"documents_in", static_cast<int64_t>(d.status.size())},
+      {"exact_duplicates", d.exact_dups},
+      {"near_duplicates", d.near_dups},
       {"removed_by_length", length_filter.removed()},
-      {"removed_by_repetition", repeated + one_char},
-      {"documents_out", docs_out},
-      {"tokens_out", tokens_out},
-      {"bytes_in", bytes_in},
+      {"removed_by_repetition", d.repeated + d.one_char},
+      {"documents_out", p.docs_out},
+      {"tokens_out", p.tokens_out},
+      {"bytes_in", d.bytes_in},
       {"input_files", static_cast<int64_t>(files.size())},
       {"skipped_files", skipped},
-      {"invalid_records", invalid},
-      {"first_invalid_record", first_invalid},
+      {"invalid_records", d.invalid},
+      {"first_invalid_record", d.first_invalid},
       {"dedup",
        {{"exact", o.exact_dedup},
         {"near", o.near_dedup},
@@ -406,53 +272,92 @@ nlohmann::json prepare(const PrepareOptions& o) {
         {"rows", mh.bands > 0 ? mh.num_perm / mh.bands : 0},
         {"shingle", mh.char_shingles ? "char" : "word"},
         {"shingle_size", mh.shingle_size},
-        {"candidates_checked", near ? near->candidates_checked() : 0}}},
+        {"candidates_checked", d.candidates_checked}}},
       {"length_filter", length_filter.report()},
       {"repetition_filter",
        {{"max_repeated_share", o.repetition.max_repeated_share},
         {"repeat_span_bytes", kRepeatSpan},
         {"max_top_char_share", o.repetition.max_top_char_share},
-        {"removed", {{"repeated_spans", repeated}, {"one_character", one_char}}}}},
+        {"removed", {{"repeated_spans", d.repeated}, {"one_character", d.one_char}}}}},
       {"packing",
        {{"seq_len", o.seq_len},
         {"boundary_id", boundary},
-        {"documents_longer_than_window", long_docs},
+        {"documents_longer_than_window", p.long_docs},
         {"keep_whole", o.keep_whole},
-        {"documents_kept_whole", whole_docs},
-        {"fill_tokens", fill_tokens}}},
+        {"documents_kept_whole", p.whole_docs},
+        {"fill_tokens", p.fill_tokens}}},
       {"seq_len", o.seq_len},
-      {"splits", splits},
+      {"splits", p.splits},
       {"threads", threads},
       {"seconds", seconds},
-      {"mb_per_s", seconds > 0 ? bytes_in / 1e6 / seconds : 0.0},
-      {"mb_per_s_per_thread", seconds > 0 ? bytes_in / 1e6 / seconds / threads : 0.0},
+      {"mb_per_s", seconds > 0 ? d.bytes_in / 1e6 / seconds : 0.0},
+      {"mb_per_s_per_thread", seconds > 0 ? d.bytes_in / 1e6 / seconds / threads : 0.0},
       {"cpu_seconds", cpu},
-      {"mb_per_cpu_s", cpu > 0 ? bytes_in / 1e6 / cpu : 0.0}};
+      {"mb_per_cpu_s", cpu > 0 ? d.bytes_in / 1e6 / cpu : 0.0}};
   for (auto& [name, s] : report["splits"].items()) s.erase("shards"), s.erase("index");
+  return report;
+}
 
-  nlohmann::json meta = {{"format", kMetaFormatName},
-                         {"version", kShardFormatVersion},
-                         {"created_by", std::string("keel ") + KEEL_VERSION},
-                         {"prepare_command", o.command},
-                         {"tokenizer", tokenizer->describe()},
-                         {"vocab_size", tokenizer->vocab_size()},
-                         {"token_dtype", token_bytes == 2 ? "uint16" : "uint32"},
-                         {"boundary_id", boundary},
-                         {"seq_len", o.seq_len},
-                         {"counts",
-                          {{"documents_in", report["documents_in"]},
-                           {"exact_duplicates", exact_dups},
-                           {"near_duplicates", near_dups},
-                           {"removed_by_length", length_filter.removed()},
-                           {"removed_by_repetition", repeated + one_char},
-                           {"documents_out", docs_out},
-                           {"tokens_out", tokens_out}}},
-                         {"inputs", inputs},
-                         {"splits", splits}};
+// meta.json: what the loader needs (format, vocabulary, boundary, splits and their shards) and
+// where every document came from.
+nlohmann::json make_meta(const PrepareOptions& o, const std::vector<InputFile>& files,
+                         const DedupResult& d, const nlohmann::json& report, const PackResult& p,
+                         const Tokenizer& tokenizer) {
+  nlohmann::json inputs = nlohmann::json::array();
+  for (size_t f = 0; f < files.size(); ++f)
+    inputs.push_back({{"path", files[f].path},
+                      {"format", files[f].jsonl ? "jsonl" : "text"},
+                      {"first_doc", std::max<int64_t>(d.file_first[f], 0)},
+                      {"documents", d.file_docs[f]}});
+  nlohmann::json counts = nlohmann::json::object();
+  for (const char* k : {"documents_in", "exact_duplicates", "near_duplicates", "removed_by_length",
+                        "removed_by_repetition", "documents_out", "tokens_out"})
+    counts[k] = report[k];
+  return {{"format", kMetaFormatName},
+          {"version", kShardFormatVersion},
+          {"created_by", std::string("keel ") + KEEL_VERSION},
+          {"prepare_command", o.command},
+          {"tokenizer", tokenizer.describe()},
+          {"vocab_size", tokenizer.vocab_size()},
+          {"token_dtype", tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32"},
+          {"boundary_id", tokenizer.boundary_id()},
+          {"seq_len", o.seq_len},
+          {"counts", counts},
+          {"inputs", inputs},
+          {"splits", p.splits}};
+}
+
+nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFile>& files,
+                             const std::vector<std::string>& skipped) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = cpu_seconds();
+  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const bool train_spm = o.tokenizer.rfind("spm-train:", 0) == 0;
+  const std::string spm_text_path = train_spm ? o.output + "/.spm_train.txt" : "";
+
+  const DedupResult dedup = dedup_pass(o, files, threads, spm_text_path);
+  if (dedup.invalid > 0)
+    log::warn("data", "{} invalid JSONL record(s) skipped; first: {}", dedup.invalid,
+              dedup.first_invalid);
+  const LengthFilter length_filter(o.length, dedup.kept_lengths());
+  if (train_spm && dedup.spm_bytes == 0)
+    throw DataError("spm-train: no text left to train on after dedup");
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o, spm_text_path, threads);
+  if (train_spm) fs::remove(spm_text_path);
+
+  const PackResult packed = pack_pass(o, files, dedup, length_filter, *tokenizer, threads);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = cpu_seconds() - cpu0;  // of the whole process: prepare is all it does
+  const nlohmann::json report = make_report(o, files, skipped, dedup, length_filter, packed,
+                                            tokenizer->boundary_id(), threads, seconds, cpu);
+  const nlohmann::json meta = make_meta(o, files, dedup, report, packed, *tokenizer);
   write_atomic(o.output + "/report.json", report.dump(2) + "\n");
   write_atomic(o.output + "/report.txt", summary_text(report));
   write_atomic(o.output + "/meta.json", meta.dump(2) + "\n");
   return report;
 }
+
+}  // namespace
 
 }  // namespace keel::data

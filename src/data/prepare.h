@@ -36,7 +36,8 @@ struct PrepareProgress {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files, directories, globs
-  std::string output;               // dataset directory (created; previous shards replaced)
+  std::string output;               // dataset directory (created; must be empty unless overwrite)
+  bool overwrite = false;           // replace a non-empty output (swapped in whole at the end)
   std::string tokenizer = "byte";   // byte | spm:MODEL | spm-train:VOCAB
   InputOptions input;
   bool exact_dedup = true;
@@ -67,8 +68,14 @@ struct PrepareOptions {
 // A default-constructed PrepareOptions does none of these (the library's plain form).
 PrepareOptions recommended_prepare_options();
 
+// DataError (exit 2) naming what is there when `output` is a non-empty directory and `overwrite`
+// is false, or exists and is not a directory. Reads only.
+void check_prepare_output(const std::string& output, bool overwrite);
+
 // Runs the pipeline; returns report.json's content (also written to OUTPUT/report.json).
-// Throws DataError for unusable inputs or options.
+// Throws DataError for unusable inputs or options, before anything is written. The dataset is
+// written into OUTPUT.tmp-<pid> beside OUTPUT and renamed (or, over an existing dataset, swapped)
+// into place at the end: OUTPUT holds the old dataset or the new one, never a mix.
 nlohmann::json prepare(const PrepareOptions& options);
 
 }  // namespace keel::data

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/paths.h"
 
 namespace keel::data {
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -260,17 +263,59 @@ class MappedFile {
 
 namespace {
 
+// Where to suggest `keel prepare` writes the dataset for raw text in `dir`: beside it, never into
+// it (that would write into the corpus).
+std::string prepared_name_for(const fs::path& dir) {
+  fs::path d = dir.lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  return (d.parent_path() / (d.filename().string() + "-prepared")).string();
+}
+
+// Why `dir` holds no meta.json, in words, with the hint that fixes it.
+[[noreturn]] void fail_no_dataset(const std::string& dir) {
+  const std::string path = dir + "/meta.json";
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fail(path, "the dataset directory does not exist" + relative_note(dir),
+         "run `keel prepare --input RAW_TEXT --output " + dir + "` first");
+  }
+  if (!fs::is_directory(dir, ec))
+    fail(dir, "is a file, not a dataset directory",
+         "`keel prepare --input " + dir + " --output " + prepared_name_for(dir) +
+             "` makes one from it; set data.path to that directory");
+  // What is there: shards without meta.json are an unfinished or older prepare; anything else is
+  // most likely the raw corpus itself.
+  int64_t shards = 0, other = 0;
+  std::string example;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const auto ext = e.path().extension().string();
+    if (ext == ".bin" || ext == ".idx") {
+      ++shards;
+    } else {
+      if (example.empty()) example = e.path().string();
+      ++other;
+    }
+    if (shards + other >= 10000) break;
+  }
+  if (shards > 0 && other <= 3)
+    fail(path,
+         "missing: the directory holds shards but no meta.json (an interrupted `keel prepare`?)",
+         "re-run `keel prepare` with --output " + dir + " --overwrite");
+  if (other > 0)
+    fail(path,
+         "missing: " + dir + " is not a prepared dataset; it holds " + std::to_string(other) +
+             " other file(s), such as " + example + " (raw text?)",
+         "prepare it into another directory: `keel prepare --input " + dir + " --output " +
+             prepared_name_for(dir) + "`, then set data.path to " + prepared_name_for(dir));
+  fail(path, "missing: " + dir + " is empty",
+       "run `keel prepare --input RAW_TEXT --output " + dir + "` first");
+}
+
 std::string read_meta_text(const std::string& dir) {
   std::string path = dir + "/meta.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    struct stat st;
-    bool is_dir = ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-    fail(
-        path,
-        is_dir ? "missing (an unfinished `keel prepare`?)" : "the dataset directory does not exist",
-        "run `keel prepare --input ... --output " + dir + "` first");
-  }
+  if (!in) fail_no_dataset(dir);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();

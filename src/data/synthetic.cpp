@@ -81,7 +81,10 @@ Batch SyntheticSource::next() {
   }
   ++micro_batches_done_;
   served_ += micro_batch_;
-  return {tokens, ids};
+  Batch batch;
+  batch.tokens = tokens;
+  batch.sample_ids = ids;
+  return batch;
 }
 
 nlohmann::json SyntheticSource::state() const {

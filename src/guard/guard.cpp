@@ -25,32 +25,6 @@ nlohmann::json finite_or_null(double v) {
 
 }  // namespace
 
-nlohmann::json Guard::Incident::to_json() const {
-  return {{"id", id},
-          {"first_step", first_step},
-          {"first_iteration", first_iteration},
-          {"furthest_step", furthest_step},
-          {"reason", reason},
-          {"alarms", alarms},
-          {"rollbacks", rollbacks},
-          {"skipped_steps", skipped},
-          {"quiet_steps", quiet}};
-}
-
-Guard::Incident Guard::Incident::from_json(const nlohmann::json& j) {
-  Incident i;
-  i.id = j.at("id").get<int64_t>();
-  i.first_step = j.at("first_step").get<int64_t>();
-  i.first_iteration = j.at("first_iteration").get<int64_t>();
-  i.furthest_step = j.at("furthest_step").get<int64_t>();
-  i.reason = j.at("reason").get<std::string>();
-  i.alarms = j.at("alarms").get<int64_t>();
-  i.rollbacks = j.at("rollbacks").get<int64_t>();
-  i.skipped = j.at("skipped_steps").get<int64_t>();
-  i.quiet = j.value("quiet_steps", int64_t{0});
-  return i;
-}
-
 Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
              int64_t warmup_steps, int64_t samples_per_step, int64_t max_steps)
     : cfg_(cfg),
@@ -110,7 +84,7 @@ void Guard::abort(const std::string& reason, const std::string& message, nlohman
   std::string summary;
   for (const auto& i : detail["incidents"]) summary += "\n  " + i.dump();
   d.action = Action::kAbort;
-  d.events.push_back({"abort", std::move(detail)});
+  d.events.push_back({EventKind::kAbort, std::move(detail)});
   d.stop_message = message + (summary.empty() ? "" : "; incidents:" + summary);
 }
 
@@ -163,7 +137,7 @@ void Guard::escalate(const StepSignals& s, const std::string& reason, nlohmann::
   detail["reason"] = reason;
   detail["incident"] = incident.id;
   detail["alarm_in_incident"] = incident.alarms;
-  d.events.push_back({"pause", std::move(detail)});
+  d.events.push_back({EventKind::kPause, std::move(detail)});
   d.action = Action::kPause;
   d.needs_diagnosis = true;
   pending_ = s;
@@ -174,7 +148,7 @@ Decision Guard::resolve(Decision d, double model_ratio) {
   d.needs_diagnosis = false;
   const StepSignals& s = pending_;
   const bool model_worse = !(model_ratio <= kModelWorse);
-  if (d.skip_reason == "screened_out") {
+  if (d.skip_reason == SkipReason::kScreenedOut) {
     if (!model_worse) {  // the data: the screen was right to mask it all
       count_unapplied(s, d);
       return d;
@@ -183,11 +157,11 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     escalate(s, "model",
              {{"loss", s.loss}, {"masked", s.masked_losses.size()}, {"samples", s.samples}}, d);
     if (d.action == Action::kAbort) return d;
-    d.skip_reason.clear();
+    d.skip_reason = SkipReason::kNone;
   }
   GuardEvent* pause = nullptr;
   for (auto& e : d.events)
-    if (e.kind == "pause") pause = &e;
+    if (e.kind == EventKind::kPause) pause = &e;
   if (!pause || !open_) return d;
   nlohmann::json& detail = pause->detail;
   detail["model_vs_snapshot"] =
@@ -207,7 +181,7 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     ++incident.skipped;
     detail["skipped"] = true;
     d.action = Action::kSkip;
-    d.skip_reason = "data";
+    d.skip_reason = SkipReason::kData;
   } else if (cfg_.rollback.enabled && incident.rollbacks < cfg_.rollback.max_rollbacks) {
     // Each further rollback skips further ahead: at least as far as the incident has lasted,
     // doubled per rollback already spent on it.
@@ -225,7 +199,7 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     ++incident.skipped;
     detail["skipped"] = true;
     d.action = Action::kSkip;
-    d.skip_reason = "incident";
+    d.skip_reason = SkipReason::kIncident;
   }
   count_unapplied(s, d);
   return d;
@@ -237,9 +211,9 @@ Decision Guard::resolve(Decision d, double model_ratio) {
 // restart from it, since the level they held is no longer the model's.
 void Guard::accept_gradient_scale(const StepSignals& s, Decision& d) {
   const double norm_median = grad_norms_.median();
-  std::erase_if(d.events, [](const GuardEvent& e) { return e.kind == "pause"; });
+  std::erase_if(d.events, [](const GuardEvent& e) { return e.kind == EventKind::kPause; });
   d.events.push_back(
-      {"warn",
+      {EventKind::kWarn,
        {{"signal", "grad_scale"},
         {"grad_norm", s.grad_norm},
         {"grad_norm_median", norm_median},
@@ -255,7 +229,7 @@ void Guard::accept_gradient_scale(const StepSignals& s, Decision& d) {
                      "if this recurs, look at the lr schedule (warmup length, peak lr)",
                      cfg_.pause_factor, norm_median, norm_only_skips_, s.grad_norm)}}});
   d.action = Action::kApply;
-  d.skip_reason.clear();
+  d.skip_reason = SkipReason::kNone;
   d.skip_ahead_steps = 0;
   norm_only_skips_ = 0;
   grad_norms_.clear();
@@ -277,60 +251,105 @@ void Guard::absorb(const StepSignals& s) {
   if (s.loss_scale) scale_drops_.push(0.0);
 }
 
+// fp16: an overflow of the scaled gradients is the scaler's business while it can still help.
+// True when the step is decided (skipped as an overflow).
+bool Guard::absorb_overflow(const StepSignals& s, Decision& d) {
+  if (!s.overflow || !std::isfinite(s.loss)) return false;
+  ++consecutive_overflow_;
+  if (applied_any_) scale_drops_.push(1.0);
+  const bool collapsed = s.loss_scale && *s.loss_scale <= kMinLossScale;
+  if (collapsed || consecutive_overflow_ > kMaxConsecutiveOverflows) return false;
+  d.events.push_back({EventKind::kOverflow,
+                      {{"loss_scale", s.loss_scale ? nlohmann::json(*s.loss_scale) : nullptr},
+                       {"consecutive", consecutive_overflow_}}});
+  d.action = Action::kSkip;
+  d.skip_reason = SkipReason::kOverflow;
+  watch_rates(s, d);
+  count_unapplied(s, d);
+  return true;
+}
+
+// A non-finite loss or gradient: skipped, escalated to a pause after max_consecutive_nan in a row
+// (at once under nan_policy pause), or the end of the run under nan_policy abort. True when the
+// step is decided.
+bool Guard::refuse_non_finite(const StepSignals& s, Decision& d) {
+  if (std::isfinite(s.loss) && std::isfinite(s.grad_norm)) return false;
+  ++consecutive_nan_;
+  note_alarm(s.step);
+  nlohmann::json detail = {{"loss", finite_or_null(s.loss)},
+                           {"grad_norm", finite_or_null(s.grad_norm)},
+                           {"consecutive", consecutive_nan_}};
+  if (s.overflow) detail["overflow"] = true;
+  if (s.loss_scale) detail["loss_scale"] = *s.loss_scale;
+  if (cfg_.nan_policy == config::NanPolicy::kAbort) {
+    abort("non_finite",
+          "non-finite loss or gradient at step " + std::to_string(s.step) +
+              " and stability.nan_policy is abort",
+          detail, d);
+    return true;
+  }
+  d.events.push_back({EventKind::kSkipNan, detail});
+  if (cfg_.nan_policy == config::NanPolicy::kPause ||
+      consecutive_nan_ >= cfg_.max_consecutive_nan) {
+    consecutive_nan_ = 0;
+    escalate(s, "non_finite", detail, d);
+    return true;
+  }
+  d.action = Action::kSkip;
+  d.skip_reason = SkipReason::kNonFinite;
+  count_unapplied(s, d);
+  return true;
+}
+
+// The warn that precedes every pause and carries its diagnosis (top layers, global or local), in
+// words a person reads in the log.
+nlohmann::json Guard::alarm_detail(const StepSignals& s, const AlarmLevels& a) const {
+  auto detail = layer_report(s);
+  const bool norm_alarm = a.norm_ratio > cfg_.warn_factor;
+  detail["alarm"] = norm_alarm ? "grad_norm" : "loss";
+  detail["grad_norm"] = s.grad_norm;
+  detail["grad_norm_median"] = a.norm_median;
+  detail["ratio"] = a.norm_ratio;
+  detail["loss"] = s.loss;
+  detail["loss_median"] = a.loss_median;
+  detail["loss_ratio"] = a.loss_ratio;
+  if (open_) detail["incident"] = open_->id;
+  std::string layers;
+  for (const auto& l : detail["top_layers"])
+    layers += fmt::format("{}{} {:.1f}x", layers.empty() ? "" : ", ", l["layer"].get<std::string>(),
+                          l["ratio"].get<double>());
+  const std::string where =
+      detail["verdict"] == "global"
+          ? "most layers rose together: look at this step's data (forensics, quarantine.jsonl) "
+            "or the lr"
+          : "a few layers rose: look at those modules";
+  detail["message"] =
+      norm_alarm ? fmt::format(
+                       "gradient norm {:.3g} is {:.1f}x its running median {:.3g} (warns above "
+                       "{:.0f}x, pauses above {:.0f}x{}; loss {:.3f} against its median "
+                       "{:.3f}); top layers: {}; {}",
+                       s.grad_norm, a.norm_ratio, a.norm_median, cfg_.warn_factor,
+                       cfg_.pause_factor, s.step < warmup_steps_ ? " after the warmup" : "", s.loss,
+                       a.loss_median, layers.empty() ? "n/a" : layers, where)
+                 : fmt::format(
+                       "loss {:.3f} is {:.2f}x its running median {:.3f} (recent level "
+                       "{:.3f}); gradient norm {:.3g} against its median {:.3g}; top layers: "
+                       "{}; {}",
+                       s.loss, a.loss_ratio, a.loss_median, a.loss_recent, s.grad_norm,
+                       a.norm_median, layers.empty() ? "n/a" : layers, where);
+  return detail;
+}
+
 Decision Guard::observe(const StepSignals& s) {
   Decision d;
-  const bool finite_loss = std::isfinite(s.loss);
-  // fp16: an overflow of the scaled gradients is the scaler's business while it can still help.
-  if (s.overflow && finite_loss) {
-    ++consecutive_overflow_;
-    if (applied_any_) scale_drops_.push(1.0);
-    const bool collapsed = s.loss_scale && *s.loss_scale <= kMinLossScale;
-    if (!collapsed && consecutive_overflow_ <= kMaxConsecutiveOverflows) {
-      d.events.push_back({"overflow",
-                          {{"loss_scale", s.loss_scale ? nlohmann::json(*s.loss_scale) : nullptr},
-                           {"consecutive", consecutive_overflow_}}});
-      d.action = Action::kSkip;
-      d.skip_reason = "overflow";
-      watch_rates(s, d);
-      count_unapplied(s, d);
-      return d;
-    }
-  }
-  const bool finite = finite_loss && std::isfinite(s.grad_norm);
-  if (!finite) {
-    ++consecutive_nan_;
-    note_alarm(s.step);
-    nlohmann::json detail = {{"loss", finite_or_null(s.loss)},
-                             {"grad_norm", finite_or_null(s.grad_norm)},
-                             {"consecutive", consecutive_nan_}};
-    if (s.overflow) detail["overflow"] = true;
-    if (s.loss_scale) detail["loss_scale"] = *s.loss_scale;
-    if (cfg_.nan_policy == config::NanPolicy::kAbort) {
-      abort("non_finite",
-            "non-finite loss or gradient at step " + std::to_string(s.step) +
-                " and stability.nan_policy is abort",
-            detail, d);
-      return d;
-    }
-    d.events.push_back({"skip_nan", detail});
-    if (cfg_.nan_policy == config::NanPolicy::kPause ||
-        consecutive_nan_ >= cfg_.max_consecutive_nan) {
-      consecutive_nan_ = 0;
-      escalate(s, "non_finite", detail, d);
-      return d;
-    }
-    d.action = Action::kSkip;
-    d.skip_reason = "non_finite";
-    count_unapplied(s, d);
-    return d;
-  }
+  if (absorb_overflow(s, d) || refuse_non_finite(s, d)) return d;
   consecutive_nan_ = 0;
   consecutive_overflow_ = 0;
 
   watch_screen(s, d);
   if (s.kept_losses.empty() && s.samples > 0) {  // the screen masked the whole step
     d.action = Action::kSkip;
-    d.skip_reason = "screened_out";
+    d.skip_reason = SkipReason::kScreenedOut;
     d.needs_diagnosis = true;  // bad data, or a broken model that makes every sample look bad?
     pending_ = s;
     return d;
@@ -339,72 +358,38 @@ Decision Guard::observe(const StepSignals& s) {
   // The loss keeps its baseline when the grad-norm one restarts (accept_gradient_scale).
   const bool baseline =
       static_cast<int64_t>(losses_.size()) >= std::min(kMinBaselineSteps, cfg_.median_window);
-  const bool norm_baseline = baseline_ready();
-  const double norm_median = grad_norms_.median();
-  const double loss_median = losses_.median();
-  const double norm_ratio = norm_baseline && norm_median > 0 ? s.grad_norm / norm_median : 0.0;
-  const double loss_ratio = baseline && loss_median > 0 ? s.loss / loss_median : 0.0;
+  AlarmLevels a;
+  a.norm_median = grad_norms_.median();
+  a.loss_median = losses_.median();
+  a.norm_ratio = baseline_ready() && a.norm_median > 0 ? s.grad_norm / a.norm_median : 0.0;
+  a.loss_ratio = baseline && a.loss_median > 0 ? s.loss / a.loss_median : 0.0;
 
   // While the lr ramps up the gradient norm moves by design, by an order of magnitude when the
   // model leaves its first plateau: against a median of a few warmup steps that is a warning, not
   // grounds to stop (clipping bounds the update). The loss alarm, the screen and non-finite
   // values act in warmup as after it.
-  const bool norm_pause = norm_ratio > cfg_.pause_factor && s.step >= warmup_steps_;
+  const bool norm_pause = a.norm_ratio > cfg_.pause_factor && s.step >= warmup_steps_;
   // The loss alarm: loss_alarm_factor x its median, or a jump that the steadiness of the loss
   // makes unmistakable — kLossJumpRatio x its recent level and kLossJumpZ times its step-to-step
   // noise above it (a broken update can double the loss while the clipped gradient norm barely
   // moves).
-  const double loss_recent = losses_.median_of_last(kLossRecentSteps);
-  const bool loss_jump = baseline && loss_recent > 0 && s.loss > kLossJumpRatio * loss_recent &&
-                         s.loss > loss_recent + kLossJumpZ * losses_.difference_sigma();
+  a.loss_recent = losses_.median_of_last(kLossRecentSteps);
+  const bool loss_jump = baseline && a.loss_recent > 0 && s.loss > kLossJumpRatio * a.loss_recent &&
+                         s.loss > a.loss_recent + kLossJumpZ * losses_.difference_sigma();
   const bool loss_pause =
-      (cfg_.loss_alarm_factor > 0 && loss_ratio > cfg_.loss_alarm_factor) || loss_jump;
-  // Every pause is preceded by a warn that carries the diagnosis (top layers, global/local), also
-  // when only the loss alarmed: garbage data can raise the loss far more than the clipped-scale
-  // gradient norm.
-  if (norm_ratio > cfg_.warn_factor || loss_pause) {
+      (cfg_.loss_alarm_factor > 0 && a.loss_ratio > cfg_.loss_alarm_factor) || loss_jump;
+  // Every pause is preceded by a warn that carries the diagnosis, also when only the loss
+  // alarmed: garbage data can raise the loss far more than the clipped-scale gradient norm.
+  if (a.norm_ratio > cfg_.warn_factor || loss_pause) {
     note_alarm(s.step);
-    auto detail = layer_report(s);
-    detail["alarm"] = norm_ratio > cfg_.warn_factor ? "grad_norm" : "loss";
-    detail["grad_norm"] = s.grad_norm;
-    detail["grad_norm_median"] = norm_median;
-    detail["ratio"] = norm_ratio;
-    detail["loss"] = s.loss;
-    detail["loss_median"] = loss_median;
-    detail["loss_ratio"] = loss_ratio;
-    if (open_) detail["incident"] = open_->id;
-    std::string layers;
-    for (const auto& l : detail["top_layers"])
-      layers += fmt::format("{}{} {:.1f}x", layers.empty() ? "" : ", ",
-                            l["layer"].get<std::string>(), l["ratio"].get<double>());
-    const std::string where =
-        detail["verdict"] == "global"
-            ? "most layers rose together: look at this step's data (forensics, quarantine.jsonl) "
-              "or the lr"
-            : "a few layers rose: look at those modules";
-    detail["message"] =
-        norm_ratio > cfg_.warn_factor
-            ? fmt::format(
-                  "gradient norm {:.3g} is {:.1f}x its running median {:.3g} (warns above "
-                  "{:.0f}x, pauses above {:.0f}x{}; loss {:.3f} against its median "
-                  "{:.3f}); top layers: {}; {}",
-                  s.grad_norm, norm_ratio, norm_median, cfg_.warn_factor, cfg_.pause_factor,
-                  s.step < warmup_steps_ ? " after the warmup" : "", s.loss, loss_median,
-                  layers.empty() ? "n/a" : layers, where)
-            : fmt::format(
-                  "loss {:.3f} is {:.2f}x its running median {:.3f} (recent level "
-                  "{:.3f}); gradient norm {:.3g} against its median {:.3g}; top layers: "
-                  "{}; {}",
-                  s.loss, loss_ratio, loss_median, loss_recent, s.grad_norm, norm_median,
-                  layers.empty() ? "n/a" : layers, where);
-    d.events.push_back({"warn", detail});
+    d.events.push_back({EventKind::kWarn, alarm_detail(s, a)});
   }
   if (norm_pause || loss_pause) {
     escalate(s, norm_pause ? "grad_norm" : "loss",
              {{"grad_norm", s.grad_norm},
-              {"grad_norm_median", norm_median},
+              {"grad_norm_median", a.norm_median},
               {"loss", s.loss},
-              {"loss_median", loss_median}},
+              {"loss_median", a.loss_median}},
              d);
     return d;
   }
@@ -415,162 +400,18 @@ Decision Guard::observe(const StepSignals& s) {
   return d;
 }
 
-// Every masked step gets a `screen` event (the trainer adds the sample ids). A warning, with what
-// it saw and where to look, comes when the screen masks more than the natural tail explains
-// (kScreenTailSamples, kScreenTailShare) and it has not warned within median_window steps.
-void Guard::watch_screen(const StepSignals& s, Decision& d) {
-  if (!s.screen_threshold) return;
-  screen_masked_.push(static_cast<double>(s.masked_losses.size()));
-  screen_samples_.push(static_cast<double>(s.samples));
-  if (s.masked_losses.empty()) return;
-  const double median = sample_losses_.median();
-  const double worst = *std::max_element(s.masked_losses.begin(), s.masked_losses.end());
-  nlohmann::json detail = {{"masked", s.masked_losses.size()},
-                           {"samples", s.samples},
-                           {"threshold", *s.screen_threshold},
-                           {"median", median},
-                           {"max_loss", worst}};
-  if (open_) detail["incident"] = open_->id;
-  last_screen_step_ = s.step;
-  const auto masked_recently = static_cast<int64_t>(screen_masked_.sum());
-  const auto tail_allowance = std::max<int64_t>(
-      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * screen_samples_.sum()));
-  const bool quiet_before =
-      last_screen_warn_step_ < 0 || s.step - last_screen_warn_step_ > cfg_.median_window;
-  if (masked_recently > tail_allowance && quiet_before) {
-    last_screen_warn_step_ = s.step;
-    nlohmann::json warn = detail;
-    warn["signal"] = "screen";
-    warn["masked_recently"] = masked_recently;
-    warn["tail_allowance"] = tail_allowance;
-    warn["message"] = fmt::format(
-        "the screen masked {} samples in the last {} steps, more than the {} a natural tail of "
-        "odd documents explains; this step {} of {} had a loss above {:.3f} ({:.1f}x the median "
-        "per-sample loss {:.3f}; worst {:.3f}). They were left out of the update and set aside in "
-        "quarantine.jsonl: look at those samples' source (a corrupt shard, a broken converter, one "
-        "site's crawl)",
-        masked_recently, screen_masked_.size(), tail_allowance, s.masked_losses.size(), s.samples,
-        *s.screen_threshold, *s.screen_threshold / median, median, worst);
-    d.events.push_back({"warn", std::move(warn)});
-  }
-  d.events.push_back({"screen", std::move(detail)});
-}
-
-void Guard::watch_rates(const StepSignals& s, Decision& d) {
-  const auto may_warn = [&] {
-    return last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
-  };
-  auto warn = [&](nlohmann::json detail) {
-    d.events.push_back({"warn", std::move(detail)});
-    last_rate_warn_step_ = s.step;
-  };
-  // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
-  // the warmup counts.
-  const bool past_warmup = s.step >= warmup_steps_ + cfg_.median_window;
-  if (!s.overflow && may_warn() && past_warmup && clip_flags_.size() >= cfg_.median_window &&
-      clip_flags_.mean() > cfg_.clip_rate_warn) {
-    const double rate = clip_flags_.mean();
-    warn({{"signal", "clip_rate"},
-          {"clip_rate", rate},
-          {"window", cfg_.median_window},
-          {"threshold", cfg_.clip_rate_warn},
-          {"message", fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (warns "
-                                  "above {:.0f} %): look at the data (a bad region raises every "
-                                  "norm) or the schedule (lr too high for this batch); raising "
-                                  "optim.grad_clip only hides it",
-                                  rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100)}});
-  }
-  // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
-  // mean the gradients keep leaving fp16's range.
-  if (!s.loss_scale) return;
-  last_loss_scale_ = s.loss_scale;
-  const double drops = scale_drops_.sum();
-  if (may_warn() && drops >= kScaleDropsWarn)
-    warn({{"signal", "loss_scale"},
-          {"loss_scale", *s.loss_scale},
-          {"drops", drops},
-          {"window", cfg_.median_window},
-          {"message",
-           fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
-                       "gradients keep overflowing fp16; do not just lower the lr: look at the "
-                       "data first (a bad region raises gradients), then at growing activations; "
-                       "bf16 has the range fp16 lacks",
-                       drops, cfg_.median_window, *s.loss_scale)}});
-}
-
 bool Guard::baseline_ready() const {
   return grad_norms_.size() >= std::min(kMinBaselineSteps, cfg_.median_window);
-}
-
-std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
-                                                const std::vector<double>& update_ratios,
-                                                const std::vector<double>& attention_std) {
-  std::vector<GuardEvent> events;
-  // While the lr ramps up, update ratios and activation statistics move by design: the trend
-  // follows them, nothing warns.
-  const bool past_warmup = step > warmup_steps_;
-  const bool may_warn = past_warmup && (last_periodic_warn_step_ < 0 ||
-                                        step - last_periodic_warn_step_ >= cfg_.median_window);
-  for (size_t i = 0; i < update_ratios.size(); ++i) {
-    // Advisory: a large update ratio says the lr is high for these weights; it does not block
-    // stable promotion the way a gradient or loss alarm does.
-    if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
-      last_periodic_warn_step_ = step;
-      const std::string layer = i < layer_names_.size() ? layer_names_[i] : "";
-      events.push_back(
-          {"warn",
-           {{"signal", "update_ratio"},
-            {"layer", layer},
-            {"update_ratio", update_ratios[i]},
-            {"threshold", cfg_.update_ratio_alarm},
-            {"message",
-             fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
-                         "{:.1f} %): the lr is high for these weights; look at the "
-                         "schedule",
-                         layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)}}});
-      break;
-    }
-  }
-  if (attention_trend_.size() != attention_std.size()) {
-    attention_trend_.assign(attention_std.size(), std::numeric_limits<double>::quiet_NaN());
-    attention_drifting_.assign(attention_std.size(), 0);
-  }
-  for (size_t i = 0; i < attention_std.size(); ++i) {
-    if (!(attention_std[i] > 0) || !std::isfinite(attention_std[i])) continue;
-    const double value = std::log(attention_std[i]);
-    double& trend = attention_trend_[i];
-    if (!std::isfinite(trend)) trend = value;
-    const double factor = std::exp(std::abs(value - trend));
-    int64_t& drifting = attention_drifting_[i];
-    drifting = past_warmup && factor > kAttentionDriftFactor ? drifting + 1 : 0;
-    if (may_warn && events.empty() && drifting >= kDriftPersistence) {
-      last_periodic_warn_step_ = step;
-      events.push_back(
-          {"warn",
-           {{"signal", "attention_drift"},
-            {"layer", static_cast<int64_t>(i)},
-            {"attention_std", attention_std[i]},
-            {"trend", std::exp(trend)},
-            {"factor", factor},
-            {"log_steps", drifting},
-            {"message", fmt::format("attention output of layer {} is {:.1f}x its trend for {} "
-                                    "log steps: look for growing attention logits (lr, "
-                                    "qk_norm) or a shift in the data",
-                                    i, factor, drifting)}}});
-    }
-    trend += kAttentionTrendWeight * (value - trend);
-  }
-  return events;
 }
 
 std::vector<GuardEvent> Guard::after_update(int64_t completed_steps) {
   std::vector<GuardEvent> events;
   if (!recovery_announced_ && completed_steps >= recovery_until_) {
     recovery_announced_ = true;
-    events.push_back({"recovery_end", {{"lr_factor", 1.0}}});
+    events.push_back({EventKind::kRecoveryEnd, {{"lr_factor", 1.0}}});
   }
   if (open_ && open_->quiet >= kIncidentQuietSteps) {
-    events.push_back({"incident_end", open_->to_json()});
+    events.push_back({EventKind::kIncidentEnd, open_->to_json()});
     closed_.push_back(*open_);
     open_.reset();
   }
@@ -610,99 +451,6 @@ bool Guard::promotable(int64_t step, int64_t window, bool require_no_alarms) con
   if (losses_.empty()) return true;
   double median = losses_.median();
   return !(median > 0) || losses_.last() <= kStableLossBand * median;
-}
-
-nlohmann::json Guard::incidents() const {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& i : closed_) out.push_back(i.to_json());
-  if (open_) out.push_back(open_->to_json());
-  return out;
-}
-
-nlohmann::json Guard::state() const {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& w : layer_norms_) layers.push_back(w.state());
-  nlohmann::json closed = nlohmann::json::array();
-  for (const auto& i : closed_) closed.push_back(i.to_json());
-  return {{"grad_norms", grad_norms_.state()},
-          {"losses", losses_.state()},
-          {"clip_flags", clip_flags_.state()},
-          {"layer_norms", layers},
-          {"sample_losses", sample_losses_.state()},
-          {"attention_trend", attention_trend_},
-          {"attention_drifting", attention_drifting_},
-          {"consecutive_nan", consecutive_nan_},
-          {"consecutive_overflow", consecutive_overflow_},
-          {"unapplied_in_a_row", unapplied_in_a_row_},
-          {"norm_only_skips", norm_only_skips_},
-          {"rollbacks", rollbacks_},
-          {"recovery_until", recovery_until_},
-          {"recovery_announced", recovery_announced_},
-          {"last_alarm_step", last_alarm_step_},
-          {"last_rate_warn_step", last_rate_warn_step_},
-          {"last_periodic_warn_step", last_periodic_warn_step_},
-          {"last_screen_step", last_screen_step_},
-          {"last_screen_warn_step", last_screen_warn_step_},
-          {"screen_masked", screen_masked_.state()},
-          {"screen_samples", screen_samples_.state()},
-          {"applied_any", applied_any_},
-          {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
-          {"scale_drops", scale_drops_.state()},
-          {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
-          {"incidents", closed},
-          {"incident_starts", incident_starts_}};
-}
-
-void Guard::load_state(const nlohmann::json& st) {
-  grad_norms_.load_state(st.at("grad_norms"));
-  losses_.load_state(st.at("losses"));
-  clip_flags_.load_state(st.at("clip_flags"));
-  const auto& layers = st.at("layer_norms");
-  for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
-    layer_norms_[i].load_state(layers[i]);
-  // Absent in checkpoints written before keel had them: those start afresh.
-  sample_losses_.clear();
-  if (st.contains("sample_losses")) sample_losses_.load_state(st.at("sample_losses"));
-  attention_trend_.clear();
-  for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
-    attention_trend_.push_back(v.is_number() ? v.get<double>()
-                                             : std::numeric_limits<double>::quiet_NaN());
-  attention_drifting_ = st.value("attention_drifting", std::vector<int64_t>{});
-  if (attention_drifting_.size() != attention_trend_.size())
-    attention_drifting_.assign(attention_trend_.size(), 0);
-  consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
-  consecutive_overflow_ = st.value("consecutive_overflow", int64_t{0});
-  unapplied_in_a_row_ = st.value("unapplied_in_a_row", int64_t{0});
-  norm_only_skips_ = st.value("norm_only_skips", int64_t{0});
-  rollbacks_ = st.at("rollbacks").get<int64_t>();
-  recovery_until_ = st.at("recovery_until").get<int64_t>();
-  recovery_announced_ = st.at("recovery_announced").get<bool>();
-  last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
-  last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
-  last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
-  last_screen_step_ = st.value("last_screen_step", int64_t{-1});
-  last_screen_warn_step_ = st.value("last_screen_warn_step", last_screen_step_);
-  screen_masked_.clear();
-  screen_samples_.clear();
-  if (st.contains("screen_masked")) {
-    screen_masked_.load_state(st.at("screen_masked"));
-    screen_samples_.load_state(st.at("screen_samples"));
-  }
-  applied_any_ = st.value("applied_any", !grad_norms_.empty());
-  last_loss_scale_.reset();
-  if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())
-    last_loss_scale_ = it->get<double>();
-  scale_drops_.clear();
-  if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
-  open_.reset();
-  if (auto it = st.find("open_incident"); it != st.end() && it->is_object())
-    open_ = Incident::from_json(*it);
-  closed_.clear();
-  for (const auto& i : st.value("incidents", nlohmann::json::array()))
-    if (i.contains("alarms")) closed_.push_back(Incident::from_json(i));
-  incident_starts_.clear();
-  for (int64_t v : st.value("incident_starts", std::vector<int64_t>{}))
-    incident_starts_.push_back(v);
 }
 
 }  // namespace keel::guard

@@ -47,6 +47,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/event_kind.h"
 #include "config/schema.h"
 #include "guard/running_stats.h"
 
@@ -73,10 +74,21 @@ struct StepSignals {
 // abort, which the trainer records before it stops.
 enum class Action { kApply, kSkip, kPause, kAbort };
 
+// An event the guard decided on: warn, screen, skip_nan, overflow, pause, recovery_end,
+// incident_end or abort, with its detail as events.jsonl records it.
 struct GuardEvent {
-  std::string kind;  // warn | skip_nan | overflow | screen | pause | recovery_end | incident_end |
-                     // abort
+  EventKind kind;
   nlohmann::json detail;
+};
+
+// Why a step's update was not applied.
+enum class SkipReason {
+  kNone,
+  kNonFinite,    // a non-finite loss or gradient
+  kOverflow,     // fp16: the loss scaler's overflow
+  kScreenedOut,  // the screen masked every sample (diagnosis pending)
+  kData,         // the model was fine: the step's data set the alarm off
+  kIncident,     // the incident's rollbacks are spent
 };
 
 struct Decision {
@@ -89,9 +101,7 @@ struct Decision {
   int64_t incident = -1;     // kPause, or kSkip within an incident: the incident's id
   // kPause: steps of data to set aside past the pause, besides the window since the snapshot.
   int64_t skip_ahead_steps = 0;
-  // kSkip: why the update was not applied (non_finite | overflow | screened_out | data |
-  // incident).
-  std::string skip_reason;
+  SkipReason skip_reason = SkipReason::kNone;  // kSkip: why the update was not applied
 };
 
 class Guard {
@@ -156,6 +166,14 @@ class Guard {
   void load_state(const nlohmann::json& state);
 
  private:
+  // The levels an alarm is judged on: the gradient norm and the loss against their medians.
+  struct AlarmLevels {
+    double norm_median = 0.0, norm_ratio = 0.0;
+    double loss_median = 0.0, loss_ratio = 0.0, loss_recent = 0.0;
+  };
+  bool absorb_overflow(const StepSignals& s, Decision& d);
+  bool refuse_non_finite(const StepSignals& s, Decision& d);
+  nlohmann::json alarm_detail(const StepSignals& s, const AlarmLevels& a) const;
   struct Incident {
     int64_t id = 0;
     int64_t first_step = 0, first_iteration = 0;

@@ -3,6 +3,7 @@
 // abandoned is drawn grey and dashed. Event markers of one kind that fall on the same few pixels
 // are drawn as one, so a long run's thousands of events stay a few hundred shapes.
 #include "report/plots.h"
+#include "report/plot_parts.h"
 
 #include <fmt/format.h>
 
@@ -15,30 +16,13 @@
 #include <set>
 
 namespace keel::report {
+using namespace parts;
 
 namespace {
 
 using nlohmann::json;
 using svg::Point;
 using svg::Shape;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kWidth = 1100;  // the full-width plots' viewBox
-constexpr double kLeft = 136;    // their shared left margin: the event lanes' names fit
-constexpr double kSmallWidth = 540;
-constexpr size_t kBuckets = 1000;  // at most 2000 points per curve
-constexpr int kHoverColumns = 160;
-constexpr double kMarkSize = 9;
-
-const char* const kTrainColor = "#1f6feb";
-const char* const kAbandonedColor = "#8c959f";
-const char* const kValColor = "#e8590c";
-const char* const kFloorColor = "#2b9348";
-const char* const kMedianColor = "#343a40";
-const char* const kWarnBand = "#f5a300";
-const char* const kPauseBand = "#e03131";
-const char* const kRecoveryColor = "#2f9e44";
-const char* const kPalette[] = {"#1f6feb", "#e8590c", "#7048e8", "#0ca678", "#c2255c"};
 
 // The order is the event lanes' order, the guard's kinds first.
 const EventStyle kEventStyles[] = {
@@ -182,12 +166,9 @@ std::vector<EventGroup> group_events(const std::vector<const Event*>& events, do
   return out;
 }
 
-// A metric along the kept timeline, and the abandoned stretches, each starting from the point it
-// branched off (the row logged before it).
-struct Timeline {
-  std::vector<Point> kept;
-  std::vector<std::vector<Point>> abandoned;
-};
+}  // namespace
+
+namespace parts {
 
 Timeline timeline_of(const Metrics& m, const std::string& key) {
   Timeline t;
@@ -210,37 +191,6 @@ Timeline timeline_of(const Metrics& m, const std::string& key) {
   }
   return t;
 }
-
-struct Range {
-  double lo = std::numeric_limits<double>::infinity();
-  double hi = -std::numeric_limits<double>::infinity();
-  void add(double v, bool log = false) {
-    if (!std::isfinite(v) || (log && !(v > 0))) return;
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  void add(const std::vector<Point>& points, bool log = false) {
-    for (const auto& p : points) add(p.y, log);
-  }
-  bool empty() const { return !(lo <= hi); }
-  // Padded for drawing: 6 % of the span each side, or a factor on a log axis.
-  svg::Axis axis(bool log, const std::string& label = "") const {
-    svg::Axis a;
-    a.log = log;
-    a.label = label;
-    if (empty()) return a;
-    if (log) {
-      a.lo = lo / 1.4;
-      a.hi = hi * 1.4;
-    } else {
-      // A constant series (a queue depth of 0 all along) gets a visible span around it.
-      const double pad = hi > lo ? (hi - lo) * 0.06 : (hi == 0 ? 1 : std::abs(hi) * 0.1);
-      a.lo = lo >= 0 && lo - pad < 0 ? 0 : lo - pad;
-      a.hi = hi + pad;
-    }
-    return a;
-  }
-};
 
 svg::Axis x_axis(const PlotContext& c) {
   svg::Axis a;
@@ -336,7 +286,7 @@ void add_marker_legends(std::vector<std::string>& items, const PlotContext& c,
     if (!c.of_kind({kind}).empty()) items.push_back(marker_legend(kind, text));
 }
 
-}  // namespace
+}  // namespace parts
 
 double number_or(const json& j, const char* key, double fallback) {
   if (!j.is_object()) return fallback;
@@ -550,136 +500,6 @@ std::string grad_norm_plot(const PlotContext& c) {
       "amber band warns; in the red band it alarms. Markers sit at the norm the event measured.";
   if (!run.guard_enabled) caption += " <b>The guard is off (stability.enabled: false).</b>";
   return figure("Gradient norm", caption, legend(items), plot.render());
-}
-
-std::string lr_plot(const PlotContext& c) {
-  const RunRecord& run = c.run;
-  const Timeline lr = timeline_of(run.metrics, "lr");
-  Range r;
-  r.add(lr.kept);
-  // An abandoned lr far above the kept one (an lr spike the guard rolled back) runs off the frame.
-  const double cap = r.empty() ? std::numeric_limits<double>::infinity() : r.hi * 1.5;
-  for (const auto& piece : lr.abandoned)
-    for (const auto& p : piece)
-      if (p.y <= cap) r.add(p.y);
-  if (!r.empty()) r.lo = std::min(r.lo, 0.0);
-  svg::Plot plot("plot-lr", kWidth, 220, x_axis(c), r.axis(false, "learning rate"), kLeft);
-  // Recovery windows: from each recovery_start to its recovery_end (or to its until_step, or the
-  // last step while it is still on).
-  struct Window {
-    double from, to;
-    const Event* start;
-  };
-  std::vector<Window> windows;
-  std::optional<Window> open;
-  for (const Event* e : c.events) {
-    if (e->kind == "recovery_start") {
-      if (open) windows.push_back({open->from, std::max(open->from, open->to), open->start});
-      const double until = number_or(e->detail, "until_step", c.x_hi);
-      open = Window{static_cast<double>(e->step), until, e};
-    } else if (e->kind == "recovery_end" && open) {
-      windows.push_back({open->from, static_cast<double>(e->step), open->start});
-      open.reset();
-    }
-  }
-  if (open) windows.push_back({open->from, std::min(open->to, c.x_hi), open->start});
-  for (const auto& w : windows)
-    plot.x_span(w.from, w.to, kRecoveryColor, 0.14,
-                fmt::format("recovery from step {} to {}: {}", static_cast<int64_t>(w.from),
-                            static_cast<int64_t>(w.to), describe(*w.start)));
-  draw_incident_rules(plot, c);
-  draw_timeline(plot, lr, "#7048e8", "learning rate");
-  draw_hover(plot, c, {{"lr", "lr"}, {"recovery", "recovering (1 = yes)"}});
-  draw_event_marks(plot, c, {"recovery_start", "recovery_end"}, [&](const Event& e) {
-    double best = kNaN, distance = std::numeric_limits<double>::infinity();
-    for (const auto& p : lr.kept)
-      if (std::abs(p.x - e.step) < distance) distance = std::abs(p.x - e.step), best = p.y;
-    return best;
-  });
-  std::vector<std::string> items = {svg::legend_line("#7048e8", 2, "") + "learning rate"};
-  if (!windows.empty())
-    items.push_back(svg::legend_swatch(kRecoveryColor, 0.3) + "recovery window");
-  add_marker_legends(items, c,
-                     {{"recovery_start", "recovery_start"}, {"recovery_end", "recovery_end"}});
-  return figure("Learning rate",
-                "The schedule's lr times the recovery overlay; shaded: the recovery windows after "
-                "a rollback (lr x stability.recovery.lr_factor).",
-                legend(items), plot.render());
-}
-
-struct SmallPlot {
-  const char* id;
-  const char* title;
-  std::vector<std::pair<const char*, const char*>> series;  // key, legend label
-  bool log = false;
-  bool stems = false;
-};
-
-std::string data_plots(const PlotContext& c) {
-  const std::vector<SmallPlot> specs = {
-      {"plot-data-tokens", "Tokens seen", {{"tokens_seen", "tokens"}}},
-      {"plot-data-throughput", "Throughput (tokens/s)", {{"tokens_per_s", "tokens/s"}}},
-      {"plot-data-loader-wait", "Loader wait per step (ms)", {{"loader_wait_ms", "wait"}}},
-      {"plot-data-queue", "Loader queue depth (batches ready)", {{"queue_depth", "batches"}}},
-      {"plot-data-masked",
-       "Samples masked by the screen, per logging window",
-       {{"masked_samples", "masked samples"}},
-       false,
-       true},
-      {"plot-data-skipped",
-       "Steps skipped (dropped or non-finite), per logging window",
-       {{"skipped_steps", "skipped steps"}},
-       false,
-       true},
-      {"plot-data-sample-loss",
-       "Per-sample loss of the logged step",
-       {{"sample_loss.p50", "p50"}, {"sample_loss.p99", "p99"}, {"sample_loss.max", "max"}}},
-      {"plot-data-doc-len",
-       "Document length (tokens)",
-       {{"doc_len.mean", "mean"}, {"doc_len.p95", "p95"}}},
-      {"plot-data-step-time", "Step time (ms)", {{"step_ms", "step"}, {"guard_ms", "guard"}}},
-      {"plot-data-comm", "All-reduce per step (ms)", {{"comm_ms", "all-reduce"}}},
-      {"plot-data-clip-rate", "Clip rate (share of steps clipped)", {{"clip_rate", "clip rate"}}},
-      {"plot-data-update-ratio", "Update / weight ratio", {{"update_ratio", "ratio"}}, true},
-      {"plot-data-loss-scale", "fp16 loss scale", {{"loss_scale", "scale"}}, true},
-  };
-  std::string out;
-  int drawn = 0;
-  for (const auto& spec : specs) {
-    std::vector<Timeline> lines;
-    Range r;
-    for (const auto& [key, label] : spec.series) {
-      lines.push_back(timeline_of(c.run.metrics, key));
-      r.add(lines.back().kept, spec.log);
-    }
-    if (r.empty()) continue;
-    if (!spec.log) r.lo = std::min(r.lo, 0.0);
-    svg::Plot plot(spec.id, kSmallWidth, 190, x_axis(c), r.axis(spec.log), 56);
-    draw_incident_rules(plot, c);
-    std::vector<std::string> items;
-    std::vector<std::pair<std::string, std::string>> hover;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const std::string color = kPalette[i % std::size(kPalette)];
-      const std::string label = spec.series[i].second;
-      if (lines[i].kept.empty()) continue;
-      const auto points = svg::downsample_min_max(lines[i].kept, kBuckets);
-      if (spec.stems)
-        plot.stems(points, color, 3, label);
-      else
-        plot.line(points, color, 1.5, "", 1.0, label);
-      items.push_back((spec.stems ? svg::legend_swatch(color, 1) : svg::legend_line(color, 2, "")) +
-                      escape(label));
-      hover.emplace_back(spec.series[i].first, label);
-    }
-    draw_hover(plot, c, hover);
-    out += "<div>" + figure(spec.title, "", legend(items), plot.render()) + "</div>\n";
-    ++drawn;
-  }
-  if (drawn == 0) return "<p class=\"caption\">metrics.jsonl has no data statistics yet.</p>\n";
-  return "<p class=\"caption\">From metrics.jsonl, along the kept timeline (each value is the "
-         "logging window's: an average, or a count since the previous logged step).</p>\n"
-         "<div class=\"grid2\">\n" +
-         out + "</div>\n";
 }
 
 }  // namespace keel::report

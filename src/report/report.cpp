@@ -33,6 +33,49 @@ std::string basename_of(const std::string& path) {
 
 std::string opt_number(const std::optional<double>& v) { return v ? format_number(*v) : "-"; }
 
+// One pause's forensics under its incident: the files, per-layer norms and top samples.
+std::string forensics_rows(const Forensics& f) {
+  std::string out;
+  out += "<tr class=\"forensics\"><td></td><td colspan=\"10\">";
+  out += fmt::format("<div class=\"muted\">forensics/<span class=\"mono\">{}</span>: {}</div>",
+                     escape(f.name), escape([&] {
+                       std::string files;
+                       for (const auto& n : f.files) files += (files.empty() ? "" : ", ") + n;
+                       return files.empty() ? std::string("(empty)") : files;
+                     }()));
+  if (!f.layer_grad_norms.empty()) {
+    std::string norms;
+    for (const auto& [layer, v] : f.layer_grad_norms)
+      norms += fmt::format("{}<span class=\"mono\">{}</span> {}", norms.empty() ? "" : ", ",
+                           escape(layer), format_number(v));
+    out += "<div class=\"muted\">per-layer grad norms: " + norms + "</div>";
+  }
+  out += "</td></tr>\n";
+  out += "<tr class=\"forensics\"><td></td><td colspan=\"10\">";
+  if (f.samples.empty()) {
+    out += "<span class=\"muted\">no samples.json</span>";
+  } else {
+    out +=
+        "<table class=\"samples\"><tr><th>#</th><th>sample</th><th>loss</th><th>text (the "
+        "decoded tokens)</th></tr>\n";
+    for (size_t i = 0; i < f.samples.size(); ++i) {
+      const ForensicSample& s = f.samples[i];
+      if (i == 3)  // the top three shown, the rest behind <details>
+        out += fmt::format(
+            "</table><details><summary>{} more samples</summary><table class=\"samples\">\n",
+            f.samples.size() - 3);
+      out += fmt::format(
+          "<tr class=\"sample\"><td class=\"num\">{}</td><td class=\"num mono\">{}</td>"
+          "<td class=\"num\">{}</td><td class=\"sample-text\" title=\"{}\">{}</td></tr>\n",
+          i + 1, s.id, opt_number(s.loss), escape(svg::truncate_utf8(s.text, 4000)),
+          escape(svg::truncate_utf8(s.text, 360)));
+    }
+    out += f.samples.size() > 3 ? "</table></details>" : "</table>";
+  }
+  out += "</td></tr>\n";
+  return out;
+}
+
 std::string incident_rows(const RunRecord& run, const Incident& inc) {
   std::string alarm = escape(inc.reason.empty() ? "-" : inc.reason);
   if (inc.grad_norm && inc.grad_norm_median && *inc.grad_norm_median > 0)
@@ -80,46 +123,7 @@ std::string incident_rows(const RunRecord& run, const Incident& inc) {
       alarm, verdict, layers.empty() ? "-" : layers, rollbacks.empty() ? "-" : rollbacks,
       inc.steps_redone, inc.skipped_steps, inc.alarms, inc.quarantined,
       inc.end_step ? fmt::format("step {}", *inc.end_step) : "<b>open</b>");
-  for (size_t index : inc.forensics) {
-    out += "<tr class=\"forensics\"><td></td><td colspan=\"10\">";
-    const Forensics& f = run.forensics[index];
-    out += fmt::format("<div class=\"muted\">forensics/<span class=\"mono\">{}</span>: {}</div>",
-                       escape(f.name), escape([&] {
-                         std::string files;
-                         for (const auto& n : f.files) files += (files.empty() ? "" : ", ") + n;
-                         return files.empty() ? std::string("(empty)") : files;
-                       }()));
-    if (!f.layer_grad_norms.empty()) {
-      std::string norms;
-      for (const auto& [layer, v] : f.layer_grad_norms)
-        norms += fmt::format("{}<span class=\"mono\">{}</span> {}", norms.empty() ? "" : ", ",
-                             escape(layer), format_number(v));
-      out += "<div class=\"muted\">per-layer grad norms: " + norms + "</div>";
-    }
-    out += "</td></tr>\n";
-    out += "<tr class=\"forensics\"><td></td><td colspan=\"10\">";
-    if (f.samples.empty()) {
-      out += "<span class=\"muted\">no samples.json</span>";
-    } else {
-      out +=
-          "<table class=\"samples\"><tr><th>#</th><th>sample</th><th>loss</th><th>text (the "
-          "decoded tokens)</th></tr>\n";
-      for (size_t i = 0; i < f.samples.size(); ++i) {
-        const ForensicSample& s = f.samples[i];
-        if (i == 3)  // the top three shown, the rest behind <details>
-          out += fmt::format(
-              "</table><details><summary>{} more samples</summary><table class=\"samples\">\n",
-              f.samples.size() - 3);
-        out += fmt::format(
-            "<tr class=\"sample\"><td class=\"num\">{}</td><td class=\"num mono\">{}</td>"
-            "<td class=\"num\">{}</td><td class=\"sample-text\" title=\"{}\">{}</td></tr>\n",
-            i + 1, s.id, opt_number(s.loss), escape(svg::truncate_utf8(s.text, 4000)),
-            escape(svg::truncate_utf8(s.text, 360)));
-      }
-      out += f.samples.size() > 3 ? "</table></details>" : "</table>";
-    }
-    out += "</td></tr>\n";
-  }
+  for (size_t index : inc.forensics) out += forensics_rows(run.forensics[index]);
   return out;
 }
 
@@ -278,9 +282,8 @@ std::string card(const std::string& key, const std::string& value, const std::st
          "</div>" + (sub.empty() ? "" : "<div class=\"s\">" + sub + "</div>") + "</div>\n";
 }
 
-std::string header(const PlotContext& c, const std::optional<json>& start, const Event* end) {
-  const RunRecord& run = c.run;
-  const Metrics& m = run.metrics;
+// The title line: the run's name and its state as a badge.
+std::string title_line(const RunRecord& run) {
   const std::string* name = run.config_value("run.name");
   std::string title = name ? *name : std::filesystem::path(run.run_dir).filename().string();
   if (title.empty()) title = run.run_dir;
@@ -295,8 +298,15 @@ std::string header(const PlotContext& c, const std::optional<json>& start, const
   if (st.state == "running" && st.heartbeat_age_s)
     badge += fmt::format(", heartbeat {:.0f} s ago", *st.heartbeat_age_s);
 
-  std::string out = "<header>\n<h1>" + escape(title) + " <span class=\"status " + badge_class +
-                    "\">" + escape(badge) + "</span></h1>\n";
+  return "<header>\n<h1>" + escape(title) + " <span class=\"status " + badge_class + "\">" +
+         escape(badge) + "</span></h1>\n";
+}
+
+std::string header(const PlotContext& c, const std::optional<json>& start, const Event* end) {
+  const RunRecord& run = c.run;
+  const Metrics& m = run.metrics;
+  const RunStatus& st = run.status;
+  std::string out = title_line(run);
   out += "<div class=\"path mono\">" + escape(run.run_dir) + "</div>\n<div class=\"cards\">\n";
 
   // Step: the newest kept step logged (or where the heartbeat says the run is).

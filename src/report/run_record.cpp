@@ -15,6 +15,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/paths.h"
 #include "report/report.h"
 #include "report/svg.h"
 
@@ -511,8 +512,8 @@ RunRecord load_run(const std::string& run_dir) {
   std::error_code ec;
   const fs::path dir(run_dir);
   if (!fs::is_directory(dir, ec))
-    throw UserError(run_dir +
-                    ": no such directory\nHINT: pass the run directory `keel train` "
+    throw UserError(run_dir + ": no such directory" + relative_note(dir) +
+                    "\nHINT: pass the run directory `keel train` "
                     "wrote (run.out_dir/run.name, or its --run-dir)");
   if (!fs::exists(dir / "metrics.jsonl", ec) && !fs::exists(dir / "events.jsonl", ec))
     throw UserError(run_dir +

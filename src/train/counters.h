@@ -2,6 +2,7 @@
 // checkpoint's trainer_state.json (as torchtitan's TrainState). Nothing else reads them by key.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,23 @@ struct TrainCounters {
   int64_t quarantined_micro = 0;
   // The step of the newest evaluation, so a resumed run does not evaluate the same step twice.
   int64_t last_eval_step = -1;
+
+  // The transitions: every change of a counter is one of these.
+  void took_micro_batch() { ++micro_taken; }  // from the data order, to train on
+  void applied() {                            // an update was applied
+    ++step;
+    ++iteration;
+  }
+  void rejected() { ++iteration; }  // a step attempt applied nothing
+  // Micro-batches set aside: `taken` already taken from the data order, `skipped` taken now
+  // without training on them; all of them on record as quarantined.
+  void set_aside(int64_t taken, int64_t skipped) {
+    micro_taken += skipped;
+    quarantined_micro += taken + skipped;
+  }
+  void rolled_back_to(int64_t snapshot_step) { step = snapshot_step; }  // the data moves on
+  void catch_up_iteration(int64_t reached) { iteration = std::max(iteration, reached); }
+  void evaluated() { last_eval_step = step; }
 
   // Samples (and tokens) taken from the data order by all ranks together.
   int64_t samples_seen(int64_t micro_batch_size, int64_t world_size) const {

@@ -73,7 +73,8 @@ void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason)
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int64_t id = ids.data_ptr<int64_t>()[i];
     const auto it = measured.find(id);
-    quarantine(id, reason, it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
+    quarantine.record(id, counters, reason,
+                      it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
   }
 }
 
@@ -82,27 +83,28 @@ void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason)
 // aside so that a person can look at them.
 void Trainer::State::drop_step(const Verdict& v) {
   for (const auto& e : v.decision.events) {
-    if (e.kind != "pause") continue;
-    event("pause", e.detail);
+    if (e.kind != EventKind::kPause) continue;
+    event(EventKind::kPause, e.detail);
     // Forensics of an incident's first alarm only: a long region must not fill the disk.
     if (e.detail.value("alarm_in_incident", int64_t{0}) == 1) write_forensics(v.signals);
   }
   // "alarm": the model was fine and the step's data set the alarm off; "incident_skip": the
   // incident's rollbacks were spent.
-  const std::string reason = v.decision.skip_reason == "data" ? "alarm" : "incident_skip";
+  const std::string reason =
+      v.decision.skip_reason == guard::SkipReason::kData ? "alarm" : "incident_skip";
   for (size_t i = 0; i < host_samples.ids.size(); ++i)
     if (host_samples.kept[i])
-      quarantine(host_samples.ids[i], reason, host_samples.losses[i],
-                 {{"incident", v.decision.incident}});
-  counters.quarantined_micro += cfg.data.grad_accum_steps;
+      quarantine.record(host_samples.ids[i], counters, reason, host_samples.losses[i],
+                        {{"incident", v.decision.incident}});
+  counters.set_aside(cfg.data.grad_accum_steps, 0);
 }
 
 void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   const auto& events = verdict.decision.events;
   nlohmann::json detail = nlohmann::json::object();
   for (const auto& e : events)
-    if (e.kind == "pause") detail = e.detail;
-  event("pause", detail);
+    if (e.kind == EventKind::kPause) detail = e.detail;
+  event(EventKind::kPause, detail);
   write_forensics(verdict.signals);
   // Read (and so verified) once: the newest stable snapshot that loads.
   auto target = checkpointer->load_newest("stable");
@@ -123,7 +125,7 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
   if (scaler) scale = scaler->state_dict();
   restore(target->data, /*restore_data=*/replay, /*restore_guard=*/false);
   if (scaler) scaler->load_state_dict(scale);
-  nlohmann::json quarantine = nullptr;
+  nlohmann::json set_aside_detail = nullptr;
   if (!replay) {
     // The window since the stable snapshot (which held the offending samples) is set aside, each
     // sample on record, plus the incident's skip-ahead; all count as taken, so the consumed-vs-
@@ -132,35 +134,44 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
     const int64_t window = counters.micro_taken - stable_micro;
     train_data->load_state(target->data.trainer_state.at("data"));
     set_aside(window + ahead, "rollback");
-    counters.micro_taken += ahead;
+    counters.set_aside(window, ahead);
     const int64_t micro = counters.micro_taken - stable_micro;
-    counters.quarantined_micro += micro;
-    quarantine = {{"micro_batches", micro},
-                  {"samples", micro * cfg.data.micro_batch_size * comm.world_size()},
-                  {"first_position", stable_micro},
-                  {"end_position", counters.micro_taken},
-                  {"skipped_ahead", ahead}};
+    set_aside_detail = {{"micro_batches", micro},
+                        {"samples", micro * cfg.data.micro_batch_size * comm.world_size()},
+                        {"first_position", stable_micro},
+                        {"end_position", counters.micro_taken},
+                        {"skipped_ahead", ahead}};
   }
   // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
   checkpointer->abandon_after(counters.step);
   files.replay_from(counters.step + 1);
   const auto& saved = target->data.trainer_state;
   guard->rolled_back(counters.step, saved.contains("guard") ? saved.at("guard") : nlohmann::json());
-  event("rollback", {{"from_step", from_step},
-                     {"to_step", counters.step},
-                     {"incident", verdict.decision.incident},
-                     {"checkpoint", target->path.string()},
-                     {"quarantine", quarantine}});
+  event(EventKind::kRollback, {{"from_step", from_step},
+                               {"to_step", counters.step},
+                               {"incident", verdict.decision.incident},
+                               {"checkpoint", target->path.string()},
+                               {"quarantine", set_aside_detail}});
   const int64_t recovery = config::recovery_steps(cfg.stability, cfg.run.max_steps);
-  event("recovery_start", {{"steps", recovery},
-                           {"lr_factor", cfg.stability.recovery.lr_factor},
-                           {"until_step", counters.step + recovery},
-                           {"incident", verdict.decision.incident}});
-  log::warn("guard",
-            "incident {}: rolled back from step {} to stable step {}; recovering at {} x lr for {} "
-            "steps",
-            verdict.decision.incident, from_step, counters.step, cfg.stability.recovery.lr_factor,
-            recovery);
+  event(EventKind::kRecoveryStart, {{"steps", recovery},
+                                    {"lr_factor", cfg.stability.recovery.lr_factor},
+                                    {"until_step", counters.step + recovery},
+                                    {"incident", verdict.decision.incident}});
+  // An incident's second or third rollback says so: the same line twice reads as a repeated log.
+  const int64_t nth = detail.value("rollback", int64_t{1});
+  static const char* const kOrdinal[] = {"first", "second", "third"};
+  const std::string which = nth >= 1 && nth <= 3 ? kOrdinal[nth - 1] : std::to_string(nth) + "th";
+  log::warn(
+      "guard",
+      "incident {}: rolled back from step {} to stable step {} ({} rollback of at most {}{}); "
+      "recovering at {} x lr for {} steps",
+      verdict.decision.incident, from_step, counters.step, which,
+      cfg.stability.rollback.max_rollbacks,
+      verdict.decision.skip_ahead_steps > 0
+          ? fmt::format(", the data {} steps further ahead set aside too",
+                        verdict.decision.skip_ahead_steps)
+          : std::string(),
+      cfg.stability.recovery.lr_factor, recovery);
 }
 
 }  // namespace keel::train

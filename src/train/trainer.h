@@ -6,24 +6,42 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "config/schema.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 class Communicator;
 }
 
 namespace keel::train {
 
+// What `--resume` asks for.
+struct ResumeRequest {
+  enum class Kind { kNone, kLatest, kStable, kPath };
+  Kind kind = Kind::kNone;
+  std::filesystem::path path;  // kPath: a checkpoint directory, or a checkpoints directory
+
+  bool requested() const { return kind != Kind::kNone; }
+  // As the record names it (starts.jsonl, events): "", "latest", "stable" or the path.
+  std::string name() const;
+  // --resume's value: latest, stable, or a directory that exists. Anything else is a UserError
+  // naming the flag, with a did-you-mean for a near miss of latest or stable and the working
+  // directory for a relative path that is not there.
+  static ResumeRequest parse(const std::string& value);
+};
+
+// A resume that is a recovery: the data consumed between the snapshot resumed from and the newest
+// checkpoint is set aside in quarantine.jsonl (skip) or trained on again (replay).
+enum class ResumeData { kSkip, kReplay };
+
 struct TrainOptions {
   std::string run_dir;  // empty: run.out_dir/run.name
-  std::string resume;   // empty: fresh; "latest" | "stable" | a checkpoint directory
-  // A resume that is a recovery: the data consumed between the snapshot resumed from and the
-  // newest checkpoint is trained on again (replay) or set aside in quarantine.jsonl (skip).
-  std::string resume_data = "skip";  // replay | skip
-  int local_rank = 0;                // several ranks on a host: this one's GPU
+  ResumeRequest resume;
+  ResumeData resume_data = ResumeData::kSkip;
+  int local_rank = 0;  // several ranks on a host: this one's GPU
   // A Hugging Face model directory (`keel export --format hf` writes one) whose weights replace
   // the initial ones; its config.json must match the model section. A resume that finds a
   // checkpoint loads the checkpoint's weights instead.
@@ -41,7 +59,7 @@ class Trainer {
  public:
   // `resolved_yaml` is written to RUN_DIR/config.resolved.yaml by rank 0.
   Trainer(const config::Config& cfg, std::string resolved_yaml, TrainOptions options,
-          dist::Communicator& comm);
+          distributed::Communicator& comm);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

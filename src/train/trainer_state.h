@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -20,9 +21,9 @@
 #include "common/clock.h"
 #include "config/schema.h"
 #include "data/batch.h"
-#include "dist/communicator.h"
-#include "dist/grad_reducer.h"
-#include "dist/zero_optimizer.h"
+#include "distributed/communicator.h"
+#include "distributed/grad_reducer.h"
+#include "distributed/zero_optimizer.h"
 #include "guard/guard.h"
 #include "model/fused_ops.h"
 #include "model/transformer.h"
@@ -31,52 +32,17 @@
 #include "monitor/run_files.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
+#include "train/checkpoint_cadence.h"
 #include "train/counters.h"
 #include "train/faults.h"
 #include "train/layer_groups.h"
+#include "train/process_settings.h"
+#include "train/quarantine.h"
+#include "train/resume_source.h"
 #include "train/run_history.h"
 #include "train/trainer.h"
 
 namespace keel::train {
-
-// Process-wide settings a trainer changes in setup() (intra-op threads, the host allocator, the
-// CPU GEMM, deterministic algorithms, the SIGTERM/SIGINT handlers), put back as they were when the
-// trainer ends, so two trainers in one process (tests, tools) do not leak into each other.
-class ProcessSettings {
- public:
-  ProcessSettings();
-  ~ProcessSettings();
-  ProcessSettings(const ProcessSettings&) = delete;
-  ProcessSettings& operator=(const ProcessSettings&) = delete;
-
- private:
-  int threads_;
-  bool caching_allocator_;
-  model::CpuMatmul cpu_matmul_;
-  bool deterministic_;
-  struct sigaction sigterm_ {};
-  struct sigaction sigint_ {};
-};
-
-// SIGTERM/SIGINT only set the stop flag the step loop reads, and they are taken on a thread of
-// their own: blocked on the training thread (and on the compute threads it starts later). A signal
-// that interrupted a oneDNN JIT GEMM on the training thread was seen to corrupt the heap (its
-// sgemm then freed a clobbered workspace pointer, in 2-rank runs under load), so the thread that
-// computes is never the one interrupted. The mask is restored when the trainer ends.
-class StopSignals {
- public:
-  explicit StopSignals(void (*handler)(int));
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  sigset_t previous_mask_{};
-  std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::thread catcher_;
-};
 
 // The current optimizer step's samples (one entry per micro-batch): for the screen's quarantine
 // records, the top-k forensics of a pause and the data statistics.
@@ -129,19 +95,26 @@ struct LogWindow {
 };
 
 struct Trainer::State {
-  State(const config::Config& c, std::string yaml, TrainOptions o, dist::Communicator& cm)
+  State(const config::Config& c, std::string yaml, TrainOptions o, distributed::Communicator& cm)
       : cfg(resolved_config(c)), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
   // The config with its `auto` keys resolved (the data's vocabulary read from the shards).
   static config::Config resolved_config(const config::Config& c);
 
   // ---- setup and the step (trainer.cpp)
   void setup();
+  void build();  // everything a start checks and builds before it writes anything
+  void build_model();
+  // Every rank refuses together: `refused` (this rank's refusal, if any) or another rank's.
+  void agree_to_start(std::exception_ptr refused);
+  void open_record();
   void train_step();
   bool is_log_step() const;
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
   StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold);
   double clip_bound() const;
+  // The guard's verdict on the step: it reads the step's values once and writes nothing.
   Verdict decide(const StepResult& r, double lr);
+  void record_verdict(Verdict& v);
   void reject(const Verdict& v, const StepResult& r);
   std::vector<double> apply_update(const StepResult& r, double lr, bool log_step);
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
@@ -149,16 +122,14 @@ struct Trainer::State {
   // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
   // decision's screen events.
   void quarantine_screened(guard::Decision& d);
-  // One quarantine.jsonl record: the sample, why, and where it is in the data.
-  void quarantine(int64_t id, const std::string& reason, std::optional<double> loss,
-                  nlohmann::json extra = nlohmann::json::object());
-  // checkpoint.every_steps: auto, decided once the run has measured a save and some steps.
+  // checkpoint.every_steps: auto, decided once the run has measured a save and some steps: the
+  // figures agreed over the ranks, the decision on record.
   void decide_checkpoint_cadence();
   double evaluate();
   // The model's mean loss on the reference batch (no gradient): the measure that tells a broken
   // model from bad data when the guard alarms.
   double probe_loss();
-  void event(const std::string& kind, const nlohmann::json& detail = nlohmann::json::object());
+  void event(EventKind kind, const nlohmann::json& detail = nlohmann::json::object());
   void record_events(const guard::Decision& d);
   [[noreturn]] void stop(const guard::Decision& d);
   void check_consumed();
@@ -171,7 +142,8 @@ struct Trainer::State {
   void restore(const checkpoint::CheckpointData& data, bool restore_data, bool restore_guard);
   void save_checkpoint(bool stable);
   void maybe_checkpoint();
-  bool resume();  // true when a checkpoint was loaded
+  // The record of the resume setup restored: events, the newer record dropped, a recovery.
+  void record_resume();
   // A resume that is a recovery: the newest timeline after the snapshot just restored is
   // abandoned, its data replayed or set aside, and the recovery overlay starts.
   void begin_resume_recovery(const std::filesystem::path& snapshot, const std::string& reason,
@@ -190,7 +162,7 @@ struct Trainer::State {
   config::Config cfg;
   std::string resolved_yaml;
   TrainOptions options;
-  dist::Communicator& comm;
+  distributed::Communicator& comm;
   std::unique_ptr<ProcessSettings> process_settings;  // restored when the trainer ends
   std::unique_ptr<StopSignals> stop_signals;          // after process_settings: gone before it
   std::string run_dir;
@@ -202,11 +174,12 @@ struct Trainer::State {
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::vector<torch::Tensor> params;
   // Several ranks with distributed.overlap: gradient buckets all-reduced during the backward pass.
-  std::unique_ptr<dist::GradReducer> reducer;
+  std::unique_ptr<distributed::GradReducer> reducer;
   bool reducer_reported = false;
   std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
-  dist::ZeroOptimizer* zero_optimizer = nullptr;  // the optimizer, when distributed.zero is 1
+  distributed::ZeroOptimizer* zero_optimizer =
+      nullptr;  // the optimizer, when distributed.zero is 1
   std::optional<optim::DynamicLossScaler> scaler;
 
   // Data.
@@ -230,33 +203,22 @@ struct Trainer::State {
   RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
   std::unique_ptr<monitor::Progress> progress;
   StepSamples step_samples;
-  HostSamples host_samples;  // this step's, read in decide()
-  // Samples on record in quarantine.jsonl since the newest stable snapshot: a rollback re-reads
-  // the data from that snapshot and must not record a sample twice.
-  std::unordered_set<int64_t> quarantined_since_stable;
+  HostSamples host_samples;                   // this step's, read in decide()
+  Quarantine quarantine;                      // quarantine.jsonl (opened with the record)
   std::vector<double> last_layer_grad_norms;  // this step's, read in decide()
   LogWindow window;
 
-  // Checkpoint cadence (steps; 0 = none): from the config, or measured (checkpoint.every_steps:
-  // auto) at step kCadenceProbeStep, timing the steps since kCadenceStartStep.
-  int64_t checkpoint_every = 0;
-  int64_t stable_every = 0;
-  int64_t stable_window = 0;  // steps before a stable candidate that must be free of alarms
-  bool cadence_decided = false;
-  Clock::time_point cadence_start;
-  int64_t cadence_attempts = 0;        // step attempts this process made before deciding
-  std::optional<double> save_stall_s;  // the newest save's stall in this process
+  CheckpointCadence cadence{cfg.checkpoint, cfg.run.max_steps};
+
+  // The checkpoint this start resumes from (found, checked and restored in build()).
+  std::optional<ResumeSource> resume_source;
+  bool resumed = false;
 
   TrainCounters counters;
   int64_t last_checkpoint_step = -1;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
 };
-
-// checkpoint.every_steps: auto times this process's step attempts from the kCadenceStartStep-th
-// (caches and allocators warm) to the kCadenceProbeStep-th, when it decides.
-inline constexpr int64_t kCadenceStartStep = 2;
-inline constexpr int64_t kCadenceProbeStep = 12;
 
 // Set by the SIGTERM/SIGINT handler; the loop checks it between steps.
 extern std::atomic<int> g_stop_signal;

@@ -191,6 +191,7 @@ TEST(Prepare, ReadsJsonlGzipZstdAndSeparatedText) {
   // A glob, and a corrupt zstd input is a DataError naming the file.
   testing::write_text(dir / "in/b.jsonl.zst", z.substr(0, z.size() / 2));
   o.inputs = {dir / "in/*.zst"};
+  o.overwrite = true;  // into the same output again
   try {
     prepare(o);
     FAIL() << "truncated zstd accepted";

@@ -58,7 +58,7 @@ int64_t warm(Guard& g, int64_t n = 20) {
 
 std::vector<std::string> kinds(const Decision& d) {
   std::vector<std::string> k;
-  for (auto& e : d.events) k.push_back(e.kind);
+  for (auto& e : d.events) k.push_back(name_of(e.kind));
   return k;
 }
 
@@ -162,7 +162,7 @@ TEST(Guard, NanPolicyAbortStopsTheRun) {
   Decision d = g.observe(signals(0, std::nan("")));
   EXPECT_EQ(d.action, Action::kAbort);
   ASSERT_FALSE(d.events.empty());
-  EXPECT_EQ(d.events.back().kind, "abort");  // the trainer records it before it stops
+  EXPECT_EQ(d.events.back().kind, EventKind::kAbort);  // the trainer records it before it stops
   EXPECT_NE(d.stop_message.find("nan_policy is abort"), std::string::npos) << d.stop_message;
 }
 
@@ -176,7 +176,7 @@ TEST(Guard, RecoveryOverlayThenEnd) {
   EXPECT_TRUE(g.after_update(14).empty());
   auto end = g.after_update(15);
   ASSERT_EQ(end.size(), 1u);
-  EXPECT_EQ(end[0].kind, "recovery_end");
+  EXPECT_EQ(end[0].kind, EventKind::kRecoveryEnd);
   EXPECT_TRUE(g.after_update(16).empty());  // announced once
 }
 
@@ -197,7 +197,7 @@ TEST(Guard, DataAlarmsDropTheStepModelAlarmsRollBack) {
   int64_t step = warm(g);
   Decision data = alarm(g, step, step, /*model_ratio=*/0.95);
   EXPECT_EQ(data.action, Action::kSkip);
-  EXPECT_EQ(data.skip_reason, "data");
+  EXPECT_EQ(data.skip_reason, SkipReason::kData);
   EXPECT_EQ(data.incident, 1);
   EXPECT_EQ(data.events.back().detail["diagnosis"], "data");
   EXPECT_EQ(g.rollbacks(), 0);
@@ -216,7 +216,7 @@ TEST(Guard, DataAlarmsDropTheStepModelAlarmsRollBack) {
   s.screen_threshold = 4.0;
   Decision screened = h.observe(s);
   ASSERT_TRUE(screened.needs_diagnosis);
-  EXPECT_EQ(h.resolve(screened, 1.0).skip_reason, "screened_out");
+  EXPECT_EQ(h.resolve(screened, 1.0).skip_reason, SkipReason::kScreenedOut);
   EXPECT_FALSE(h.in_incident());
   Decision broken = h.resolve(h.observe(s), 3.0);
   EXPECT_EQ(broken.action, Action::kPause);
@@ -242,7 +242,7 @@ TEST(Guard, AnIncidentEndsInAtMostMaxRollbacksWhateverItsLength) {
   for (int i = 0; i < 30; ++i) {  // a long bad region: every further alarm drops its step
     Decision d = alarm(g, step - 5, step + 4 + i);
     ASSERT_EQ(d.action, Action::kSkip) << i;
-    EXPECT_EQ(d.skip_reason, "incident");
+    EXPECT_EQ(d.skip_reason, SkipReason::kIncident);
     EXPECT_EQ(d.incident, 1);
   }
   EXPECT_EQ(g.rollbacks(), 2);
@@ -252,7 +252,7 @@ TEST(Guard, AnIncidentEndsInAtMostMaxRollbacksWhateverItsLength) {
   std::vector<std::string> ends;
   for (int64_t i = 0; i < 20; ++i, ++s) {
     ASSERT_EQ(g.observe(signals(s, 1.0, 2.0, {1.0})).action, Action::kApply);
-    for (auto& e : g.after_update(s + 1)) ends.push_back(e.kind);
+    for (auto& e : g.after_update(s + 1)) ends.push_back(name_of(e.kind));
   }
   EXPECT_NE(std::find(ends.begin(), ends.end(), "incident_end"), ends.end());
   EXPECT_FALSE(g.in_incident());
@@ -288,7 +288,7 @@ TEST(Guard, TooManyIncidentsWithinTheWindowStopTheRun) {
   EXPECT_EQ(incident(740).action, Action::kPause);
   Decision d = incident(760);  // 4 incidents within 100 attempts
   ASSERT_EQ(d.action, Action::kAbort);
-  EXPECT_EQ(d.events.back().kind, "abort");
+  EXPECT_EQ(d.events.back().kind, EventKind::kAbort);
   EXPECT_EQ(d.events.back().detail["reason"], "max_incidents");
   EXPECT_EQ(d.events.back().detail["incidents"].size(), 8u);
   EXPECT_NE(d.stop_message.find("max_incidents=3"), std::string::npos) << d.stop_message;
@@ -373,7 +373,7 @@ TEST(Guard, ScreenedSamplesWarnOnceThenReportAndAllMaskedSkips) {
   d = g.observe(s);
   EXPECT_EQ(kinds(d), std::vector<std::string>{"screen"});  // no second warn right away
   EXPECT_EQ(d.action, Action::kSkip);
-  EXPECT_EQ(d.skip_reason, "screened_out");
+  EXPECT_EQ(d.skip_reason, SkipReason::kScreenedOut);
 }
 
 // One odd sample every few steps, for as long as the run lasts, is never a warning; the same
@@ -387,7 +387,7 @@ TEST(Guard, AThinTailOfOddSamplesNeverWarns) {
     s.screen_threshold = 4.0;
     s.kept_losses.assign(i % 7 == 0 ? 15 : 16, 2.0);
     if (i % 7 == 0) s.masked_losses = {5.0};
-    for (const auto& e : g.observe(s).events) ASSERT_NE(e.kind, "warn") << i;
+    for (const auto& e : g.observe(s).events) ASSERT_NE(e.kind, EventKind::kWarn) << i;
   }
 }
 
@@ -403,7 +403,7 @@ TEST(Guard, Fp16OverflowsAreTheScalersBusinessAndRepeatedDropsWarn) {
     s.loss_scale = scale;
     Decision d = g.observe(s);
     EXPECT_EQ(d.action, Action::kSkip) << i;
-    EXPECT_EQ(d.skip_reason, "overflow");
+    EXPECT_EQ(d.skip_reason, SkipReason::kOverflow);
     EXPECT_EQ(kinds(d), std::vector<std::string>{"overflow"});
   }
   int64_t step = 0;
@@ -440,7 +440,7 @@ TEST(Guard, RestoredStateDecidesExactlyAsTheOriginal) {
   auto kinds = [](const Decision& d) {
     std::string out;
     for (const auto& e : d.events)
-      out += e.kind +
+      out += std::string(name_of(e.kind)) +
              (e.detail.contains("signal") ? ":" + e.detail["signal"].get<std::string>() : "") + ",";
     return out;
   };
@@ -540,8 +540,8 @@ TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
     s.iteration = it;
     return g.resolve(g.observe(s), /*model_ratio=*/1.0);
   };
-  EXPECT_EQ(high(step).skip_reason, "data");
-  EXPECT_EQ(high(step + 1).skip_reason, "data");
+  EXPECT_EQ(high(step).skip_reason, SkipReason::kData);
+  EXPECT_EQ(high(step + 1).skip_reason, SkipReason::kData);
   Decision third = high(step + 2);
   EXPECT_EQ(third.action, Action::kApply);
   ASSERT_EQ(kinds(third), (std::vector<std::string>{"warn", "warn"}));  // the alarm, the verdict
@@ -560,7 +560,7 @@ TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
   for (int64_t it = step; it < step + 5; ++it) {
     StepSignals s = signals(step, 30.0, 2.6, {30.0});  // 1.3x the median loss
     s.iteration = it;
-    EXPECT_EQ(h.resolve(h.observe(s), 1.0).skip_reason, "data") << it;
+    EXPECT_EQ(h.resolve(h.observe(s), 1.0).skip_reason, SkipReason::kData) << it;
   }
 }
 

@@ -6,7 +6,7 @@
 #include <csignal>
 
 #include "common/host_allocator.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "model/fused_ops.h"
 #include "scratch_dir.h"
 #include "train/trainer_state.h"
@@ -41,7 +41,7 @@ TEST(ProcessSettings, TrainerPutsProcessWideSettingsBack) {
   cfg.eval.every_steps = 0;
   cfg.logging.progress = config::Switch::kOff;
   {
-    dist::SingleProcess comm;
+    distributed::SingleProcess comm;
     TrainOptions options;
     options.run_dir = run_dir.str();
     Trainer::State s(cfg, "", options, comm);

@@ -2,7 +2,7 @@
 // training step (Trainer::State::train_step) with an injected NaN gradient, compared bit for bit.
 #include <gtest/gtest.h>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "scratch_dir.h"
 #include "train/trainer_state.h"
 
@@ -56,7 +56,7 @@ TEST_P(SkipUpdate, NanGradientLeavesWeightsAndOptimizerStateBitIdentical) {
   nan.kind = config::FaultKind::kNanGrad;
   nan.at_step = 5;  // the sixth step attempt
   cfg.faults = {nan};
-  dist::SingleProcess comm;
+  distributed::SingleProcess comm;
   TrainOptions options;
   options.run_dir = run_dir.str();
   Trainer::State s(cfg, "", options, comm);

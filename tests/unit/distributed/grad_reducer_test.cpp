@@ -1,13 +1,13 @@
 // GradReducer against a stand-in for the other rank: every collective it starts is recorded (in
 // order, with the moment it started), and "the other rank" contributes a known gradient.
-#include "dist/grad_reducer.h"
+#include "distributed/grad_reducer.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 // A world of two where the other rank's gradients are `other` times this rank's.
@@ -113,4 +113,4 @@ TEST(GradReducer, AParameterWithoutAGradientStillTakesPartInOrder) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::distributed

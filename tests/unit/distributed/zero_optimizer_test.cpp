@@ -2,7 +2,7 @@
 // part and all-gather the rest end with the very weights one process updating everything gets, and
 // the parts they save load back at any world size. The ranks are threads sharing in-process
 // collectives.
-#include "dist/zero_optimizer.h"
+#include "distributed/zero_optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 
 #include "common/error.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 using torch::Tensor;
@@ -282,4 +282,4 @@ TEST(ZeroOptimizer, StateOfAnotherKindOrModelIsRefusedNamingWhy) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::distributed

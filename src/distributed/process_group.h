@@ -10,9 +10,9 @@
 #include <string>
 
 #include "config/schema.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 struct LaunchEnv {
   int rank = 0;
@@ -47,4 +47,4 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
                                                  const config::DistributedConfig& cfg,
                                                  const torch::Device& device);
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

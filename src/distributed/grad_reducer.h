@@ -12,9 +12,9 @@
 #include <mutex>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 // Sharded (ZeRO-1): each bucket is reduce-scattered instead of all-reduced. Rank r of W receives
 // the mean of part r of every bucket (ceil(n/W) elements of its flat buffer) and owns those
@@ -90,4 +90,4 @@ class GradReducer {
   int64_t started_in_backward_ = 0;
 };
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -1,11 +1,11 @@
-#include "dist/grad_reducer.h"
+#include "distributed/grad_reducer.h"
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
-namespace keel::dist {
+namespace keel::distributed {
 
 class GradReducer::Hook final : public torch::autograd::PostAccumulateGradHook {
  public:
@@ -180,4 +180,4 @@ void GradReducer::abandon() {
   armed_ = false;
 }
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

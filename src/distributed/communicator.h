@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-namespace keel::dist {
+namespace keel::distributed {
 
 // A collective in flight: wait() returns once it is done (or throws DistError past the timeout).
 class PendingWork {
@@ -61,4 +61,4 @@ class SingleProcess final : public Communicator {
   void barrier() override {}
 };
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -1,6 +1,6 @@
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 void Communicator::all_reduce_mean_(std::vector<torch::Tensor>& tensors) {
   if (world_size() == 1) return;
@@ -28,4 +28,4 @@ std::unique_ptr<PendingWork> Communicator::reduce_scatter_sum_async_(torch::Tens
   return std::make_unique<DoneWork>();
 }
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -1,7 +1,7 @@
 // c10d process groups behind keel's Communicator. Gloo's headers are vendored (third_party/gloo,
 // at the wheel's commit); its compiled code is the one inside libtorch_cpu.so. keel touches gloo
 // types only through c10d's own factory functions and pointers.
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -17,7 +17,7 @@
 #include "common/error.h"
 #include "common/log.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 int int_var(const std::function<const char*(const char*)>& getenv, const char* name,
@@ -294,4 +294,4 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
   return std::make_unique<ProcessGroupComm>(store, pg, env.rank, env.world_size, timeout);
 }
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -1,4 +1,4 @@
-#include "dist/zero_optimizer.h"
+#include "distributed/zero_optimizer.h"
 
 #include <algorithm>
 #include <optional>
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 using torch::Tensor;
 
@@ -178,6 +178,44 @@ std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
   return out;
 }
 
+namespace {
+
+// A piece of a parameter in a saved state: where its elements start in the flat tensors of its
+// prefix (a rank's file), and the parameter's elements [begin, end) it holds.
+struct SavedPiece {
+  std::string prefix;
+  int64_t at, begin, end;
+};
+
+// Every saved piece, by parameter index, of the parts under `prefixes`; CheckpointError when a
+// part was written for another model.
+std::unordered_map<int64_t, std::vector<SavedPiece>> saved_pieces(
+    const std::map<std::string, Tensor>& state, const std::vector<std::string>& prefixes,
+    const std::vector<Tensor>& params) {
+  std::unordered_map<int64_t, std::vector<SavedPiece>> saved;
+  for (const auto& prefix : prefixes) {
+    const auto numel_it = state.find(prefix + kParamNumel);
+    const Tensor numel = numel_it == state.end() ? Tensor() : int64_cpu(numel_it->second);
+    bool same = numel.defined() && numel.numel() == static_cast<int64_t>(params.size());
+    for (size_t i = 0; same && i < params.size(); ++i)
+      same = numel.data_ptr<int64_t>()[i] == params[i].numel();
+    if (!same)
+      throw CheckpointError("optimizer state: '" + prefix + kParamNumel +
+                            "' does not match this model's parameters\nHINT: the model config "
+                            "changed since the checkpoint was written");
+    const Tensor table = int64_cpu(state.at(prefix + kPieces));
+    const int64_t* row = table.data_ptr<int64_t>();
+    int64_t at = 0;
+    for (int64_t k = 0; k < table.size(0); ++k, row += 3) {
+      saved[row[0]].push_back({prefix, at, row[1], row[2]});
+      at += row[2] - row[1];
+    }
+  }
+  return saved;
+}
+
+}  // namespace
+
 void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   std::vector<std::string> prefixes;
   if (state.count(kPieces)) {
@@ -191,30 +229,7 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
         "optimizer state: not sharded (written with distributed.zero: 0)\nHINT: resume with "
         "distributed.zero: 0, the setting it was written with");
 
-  // Every saved piece, by parameter: (prefix, first element in its flat tensors, begin, end).
-  struct Saved {
-    std::string prefix;
-    int64_t at, begin, end;
-  };
-  std::unordered_map<int64_t, std::vector<Saved>> saved;
-  for (const auto& prefix : prefixes) {
-    const auto numel_it = state.find(prefix + kParamNumel);
-    const Tensor numel = numel_it == state.end() ? Tensor() : int64_cpu(numel_it->second);
-    bool same = numel.defined() && numel.numel() == static_cast<int64_t>(params_.size());
-    for (size_t i = 0; same && i < params_.size(); ++i)
-      same = numel.data_ptr<int64_t>()[i] == params_[i].numel();
-    if (!same)
-      throw CheckpointError("optimizer state: '" + prefix + kParamNumel +
-                            "' does not match this model's parameters\nHINT: the model config "
-                            "changed since the checkpoint was written");
-    const Tensor table = int64_cpu(state.at(prefix + kPieces));
-    const int64_t* row = table.data_ptr<int64_t>();
-    int64_t at = 0;
-    for (int64_t k = 0; k < table.size(0); ++k, row += 3) {
-      saved[row[0]].push_back({prefix, at, row[1], row[2]});
-      at += row[2] - row[1];
-    }
-  }
+  const auto saved = saved_pieces(state, prefixes, params_);
 
   // The inner optimizer's state as it has it now, refilled from the saved pieces.
   std::map<std::string, Tensor> mine = inner_->state_dict();
@@ -240,7 +255,9 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
     }
     covered.emplace(what, 0);
     Tensor flat = target.view({-1});
-    for (const auto& s : saved[piece->param]) {
+    static const std::vector<SavedPiece> kNone;
+    const auto found_pieces = saved.find(piece->param);
+    for (const auto& s : found_pieces == saved.end() ? kNone : found_pieces->second) {
       const int64_t b = std::max(piece->begin, s.begin), e = std::min(piece->end, s.end);
       if (b >= e) continue;
       auto it = state.find(s.prefix + "zero." + what);
@@ -266,4 +283,4 @@ std::string ZeroOptimizer::describe() const {
          (world == 1 ? "" : "s") + ")";
 }
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "common/error.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 LaunchEnv from(const std::map<std::string, std::string>& vars) {
@@ -84,4 +84,4 @@ TEST(LaunchEnv, MissingOrMalformedVariablesNameThemselves) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::distributed

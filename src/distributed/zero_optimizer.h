@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "config/schema.h"
-#include "dist/communicator.h"
-#include "dist/grad_reducer.h"
+#include "distributed/communicator.h"
+#include "distributed/grad_reducer.h"
 #include "optim/optimizer.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 class ZeroOptimizer final : public optim::Optimizer {
  public:
@@ -80,4 +80,4 @@ class ZeroOptimizer final : public optim::Optimizer {
 // True when `optimizer_state` (an Optimizer::state_dict, or load_checkpoint's parts) is ZeRO's.
 bool is_sharded_state(const std::map<std::string, torch::Tensor>& optimizer_state);
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -1,0 +1,293 @@
+#include "data/prepare_passes.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string_view>
+#include <thread>
+#include <unordered_set>
+
+#include "data/minhash.h"
+#include "data/shard_writer.h"
+
+namespace keel::data {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr size_t kBlockDocs = 2048;
+constexpr size_t kBlockBytes = size_t{32} << 20;
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads.
+template <class Fn>
+void parallel_for(size_t n, int threads, Fn fn) {
+  int t = static_cast<int>(std::min<size_t>(n, std::max(threads, 1)));
+  if (t <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int k = 0; k < t; ++k)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+// Reads documents in blocks (bounded by count and bytes), so memory stays flat.
+bool read_block(DocumentReader& reader, std::vector<Document>& block) {
+  block.clear();
+  size_t bytes = 0;
+  Document doc;
+  while (block.size() < kBlockDocs && bytes < kBlockBytes && reader.next(doc)) {
+    bytes += doc.text.size();
+    block.push_back(std::move(doc));
+    doc = Document();
+  }
+  return !block.empty();
+}
+
+uint64_t mix(uint64_t seed, uint64_t x) {
+  uint64_t v[2] = {seed, x};
+  return xxh3(v, sizeof v);
+}
+double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
+
+void report_progress(const PrepareOptions& o, int pass, const DocumentReader& reader,
+                     int64_t documents, int64_t total, int64_t tokens_out,
+                     SteadyClock::time_point start) {
+  if (!o.on_progress) return;
+  PrepareProgress p;
+  p.pass = pass;
+  p.documents = documents;
+  p.bytes_read = reader.bytes_read();
+  p.bytes_total = total;
+  p.tokens_out = tokens_out;
+  p.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  o.on_progress(p);
+}
+
+// Plain-text inputs are read byte for byte, so their sizes are pass 1's total; a compressed
+// input's text size is only known once read (0: unknown).
+int64_t plain_text_bytes(const std::vector<InputFile>& files) {
+  int64_t total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f.path, ec);
+    const auto ext = fs::path(f.path).extension().string();
+    if (ec || ext == ".gz" || ext == ".zst") return 0;
+    total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+// A kept document's non-blank lines, for spm-train.
+void sample_for_spm(std::string_view text, std::ofstream& out, size_t& bytes) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    auto line = text.substr(start, end - start);
+    if (line.find_first_not_of(" \t\r") != std::string_view::npos) {
+      out << line << '\n';
+      bytes += line.size() + 1;
+    }
+    start = end + 1;
+  }
+}
+
+// Pass 1's per-block work: what can run in parallel (repetition verdicts, hashes, signatures),
+// then the decisions in corpus order.
+class Deduplicator {
+ public:
+  Deduplicator(const PrepareOptions& o, DedupResult& r, size_t files)
+      : o_(o), mh_(seeded(o)), hasher_(mh_), r_(r) {
+    if (o.near_dedup) near_ = std::make_unique<NearDuplicateIndex>(mh_);
+    r_.file_first.assign(files, -1);
+    r_.file_docs.assign(files, 0);
+  }
+
+  void block(const std::vector<Document>& block, int threads, std::ofstream* spm_text) {
+    hashes_.assign(block.size(), 0);
+    sigs_.assign(block.size(), {});
+    verdicts_.assign(block.size(), kKept);
+    parallel_for(block.size(), threads, [&](size_t i) {
+      const auto why = repetition_verdict(o_.repetition, block[i].text);
+      if (!why.empty()) {
+        verdicts_[i] = why == "one_character" ? kOneChar : kRepeated;
+        return;
+      }
+      hashes_[i] = normalized_hash(block[i].text);
+      if (near_) {
+        auto shingles = shingle_set(block[i].text, mh_.char_shingles, mh_.shingle_size);
+        if (!shingles.empty()) sigs_[i] = hasher_.signature(shingles);
+      }
+    });
+    for (size_t i = 0; i < block.size(); ++i) {
+      const uint8_t s = decide(block[i], i);
+      if (s == kKept && spm_text && r_.spm_bytes < kSpmTrainBytes)
+        sample_for_spm(block[i].text, *spm_text, r_.spm_bytes);
+    }
+  }
+
+  int64_t candidates_checked() const { return near_ ? near_->candidates_checked() : 0; }
+
+ private:
+  static MinHashConfig seeded(const PrepareOptions& o) {
+    MinHashConfig mh = o.minhash;
+    mh.seed = o.seed;
+    return mh;
+  }
+
+  uint8_t decide(const Document& doc, size_t i) {
+    const auto id = static_cast<int64_t>(r_.status.size());
+    if (r_.file_first[doc.file] < 0) r_.file_first[doc.file] = id;
+    ++r_.file_docs[doc.file];
+    r_.lengths.push_back(static_cast<int64_t>(doc.text.size()));
+    uint8_t s = verdicts_[i];
+    if (s != kKept) {
+      ++(s == kOneChar ? r_.one_char : r_.repeated);
+    } else if (o_.exact_dedup && !exact_seen_.insert(hashes_[i]).second) {
+      s = kExactDup;
+      ++r_.exact_dups;
+    } else if (near_ && !sigs_[i].empty()) {
+      if (near_->find(sigs_[i]) >= 0) {
+        s = kNearDup;
+        ++r_.near_dups;
+      } else {
+        near_->insert(id, std::move(sigs_[i]));
+      }
+    }
+    r_.status.push_back(s);
+    return s;
+  }
+
+  const PrepareOptions& o_;
+  MinHashConfig mh_;
+  MinHasher hasher_;
+  std::unique_ptr<NearDuplicateIndex> near_;
+  std::unordered_set<uint64_t> exact_seen_;
+  DedupResult& r_;
+  std::vector<uint64_t> hashes_;
+  std::vector<std::vector<uint32_t>> sigs_;
+  std::vector<uint8_t> verdicts_;
+};
+
+// Where pass 2 puts a kept document: its split, a window boundary first (keep-whole), its
+// cluster; counts what it did.
+class Packer {
+ public:
+  Packer(const PrepareOptions& o, const Tokenizer& tokenizer, PackResult& r) : o_(o), r_(r) {
+    const uint32_t token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+    for (const char* split : {"train", "val"}) {
+      if (std::string(split) == "val" && o.val_fraction <= 0) continue;
+      writers_[split] =
+          std::make_unique<SplitWriter>(o.output, split, token_bytes, tokenizer.vocab_size(),
+                                        tokenizer.boundary_id(), o.shard_tokens);
+    }
+  }
+
+  void add(uint64_t id, const std::vector<uint32_t>& tokens, uint64_t text_hash, size_t file) {
+    const bool val = o_.val_fraction > 0 && unit(mix(o_.seed, id)) < o_.val_fraction;
+    SplitWriter& w = *writers_[val ? "val" : "train"];
+    const auto len = static_cast<int64_t>(tokens.size());
+    if (len + 1 > o_.seq_len + 1) ++r_.long_docs;  // spans windows, with boundary tokens around it
+    if (o_.keep_whole > 0 && len <= o_.seq_len && unit(mix(o_.seed ^ 0x5eed, id)) < o_.keep_whole) {
+      const int64_t r = w.tokens() % o_.seq_len;
+      if (r != 0 && r + len > o_.seq_len) {
+        w.add_fill(o_.seq_len - r);
+        r_.fill_tokens += o_.seq_len - r;
+      }
+      ++r_.whole_docs;
+    }
+    const uint32_t cluster = o_.cluster == "source" ? static_cast<uint32_t>(file)
+                                                    : static_cast<uint32_t>(text_hash >> 32);
+    w.add_document(tokens, id, cluster);
+    r_.tokens_out += len;
+    ++r_.docs_out;
+  }
+
+  void finish() {
+    for (auto& [name, w] : writers_) {
+      r_.splits[name] = w->finish();
+      const int64_t n = r_.splits[name]["tokens"].get<int64_t>();
+      r_.splits[name]["windows"] = n > 1 ? (n - 1) / o_.seq_len : 0;
+    }
+  }
+
+ private:
+  const PrepareOptions& o_;
+  PackResult& r_;
+  std::map<std::string, std::unique_ptr<SplitWriter>> writers_;
+};
+
+}  // namespace
+
+std::vector<int64_t> DedupResult::kept_lengths() const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < status.size(); ++i)
+    if (status[i] == kKept) out.push_back(lengths[i]);
+  return out;
+}
+
+DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& files, int threads,
+                       const std::string& spm_text_path) {
+  DedupResult r;
+  Deduplicator dedup(o, r, files.size());
+  std::ofstream spm_text;
+  if (!spm_text_path.empty()) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
+  const int64_t total = plain_text_bytes(files);
+  const auto start = SteadyClock::now();
+  DocumentReader reader(files, o.input);
+  std::vector<Document> block;
+  while (read_block(reader, block)) {
+    dedup.block(block, threads, spm_text_path.empty() ? nullptr : &spm_text);
+    report_progress(o, 1, reader, static_cast<int64_t>(r.status.size()), total, 0, start);
+  }
+  r.bytes_in = reader.bytes_read();
+  r.invalid = reader.invalid_records();
+  r.first_invalid = reader.first_invalid();
+  r.candidates_checked = dedup.candidates_checked();
+  return r;
+}
+
+PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& files,
+                     const DedupResult& dedup, const LengthFilter& length_filter,
+                     const Tokenizer& tokenizer, int threads) {
+  PackResult r;
+  Packer packer(o, tokenizer, r);
+  const auto start = SteadyClock::now();
+  DocumentReader reader(files, o.input);
+  std::vector<Document> block;
+  std::vector<std::vector<uint32_t>> tokens;
+  std::vector<uint64_t> hashes;
+  int64_t id0 = 0;
+  while (read_block(reader, block)) {
+    tokens.assign(block.size(), {});
+    hashes.assign(block.size(), 0);
+    auto kept = [&](size_t i) {
+      const int64_t id = id0 + static_cast<int64_t>(i);
+      return dedup.status[id] == kKept && length_filter.keep(dedup.lengths[id]);
+    };
+    parallel_for(block.size(), threads, [&](size_t i) {
+      if (!kept(i)) return;
+      tokenizer.encode(block[i].text, tokens[i]);
+      hashes[i] = normalized_hash(block[i].text);
+    });
+    for (size_t i = 0; i < block.size(); ++i)
+      if (kept(i))
+        packer.add(static_cast<uint64_t>(id0 + static_cast<int64_t>(i)), tokens[i], hashes[i],
+                   block[i].file);
+    id0 += static_cast<int64_t>(block.size());
+    report_progress(o, 2, reader, id0, dedup.bytes_in, r.tokens_out, start);
+  }
+  packer.finish();
+  return r;
+}
+
+}  // namespace keel::data

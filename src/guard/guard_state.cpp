@@ -1,0 +1,129 @@
+// The guard's state as a checkpoint holds it (trainer_state.json's "guard"): every running window,
+// counter and incident, so a resumed run decides exactly as the uninterrupted one would.
+// Keys absent in checkpoints written before keel had them start afresh.
+#include <limits>
+
+#include "guard/guard.h"
+
+namespace keel::guard {
+
+nlohmann::json Guard::Incident::to_json() const {
+  return {{"id", id},
+          {"first_step", first_step},
+          {"first_iteration", first_iteration},
+          {"furthest_step", furthest_step},
+          {"reason", reason},
+          {"alarms", alarms},
+          {"rollbacks", rollbacks},
+          {"skipped_steps", skipped},
+          {"quiet_steps", quiet}};
+}
+
+Guard::Incident Guard::Incident::from_json(const nlohmann::json& j) {
+  Incident i;
+  i.id = j.at("id").get<int64_t>();
+  i.first_step = j.at("first_step").get<int64_t>();
+  i.first_iteration = j.at("first_iteration").get<int64_t>();
+  i.furthest_step = j.at("furthest_step").get<int64_t>();
+  i.reason = j.at("reason").get<std::string>();
+  i.alarms = j.at("alarms").get<int64_t>();
+  i.rollbacks = j.at("rollbacks").get<int64_t>();
+  i.skipped = j.at("skipped_steps").get<int64_t>();
+  i.quiet = j.value("quiet_steps", int64_t{0});
+  return i;
+}
+
+nlohmann::json Guard::incidents() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& i : closed_) out.push_back(i.to_json());
+  if (open_) out.push_back(open_->to_json());
+  return out;
+}
+
+nlohmann::json Guard::state() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& w : layer_norms_) layers.push_back(w.state());
+  nlohmann::json closed = nlohmann::json::array();
+  for (const auto& i : closed_) closed.push_back(i.to_json());
+  return {{"grad_norms", grad_norms_.state()},
+          {"losses", losses_.state()},
+          {"clip_flags", clip_flags_.state()},
+          {"layer_norms", layers},
+          {"sample_losses", sample_losses_.state()},
+          {"attention_trend", attention_trend_},
+          {"attention_drifting", attention_drifting_},
+          {"consecutive_nan", consecutive_nan_},
+          {"consecutive_overflow", consecutive_overflow_},
+          {"unapplied_in_a_row", unapplied_in_a_row_},
+          {"norm_only_skips", norm_only_skips_},
+          {"rollbacks", rollbacks_},
+          {"recovery_until", recovery_until_},
+          {"recovery_announced", recovery_announced_},
+          {"last_alarm_step", last_alarm_step_},
+          {"last_rate_warn_step", last_rate_warn_step_},
+          {"last_periodic_warn_step", last_periodic_warn_step_},
+          {"last_screen_step", last_screen_step_},
+          {"last_screen_warn_step", last_screen_warn_step_},
+          {"screen_masked", screen_masked_.state()},
+          {"screen_samples", screen_samples_.state()},
+          {"applied_any", applied_any_},
+          {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
+          {"scale_drops", scale_drops_.state()},
+          {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
+          {"incidents", closed},
+          {"incident_starts", incident_starts_}};
+}
+
+void Guard::load_state(const nlohmann::json& st) {
+  grad_norms_.load_state(st.at("grad_norms"));
+  losses_.load_state(st.at("losses"));
+  clip_flags_.load_state(st.at("clip_flags"));
+  const auto& layers = st.at("layer_norms");
+  for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
+    layer_norms_[i].load_state(layers[i]);
+  // Absent in checkpoints written before keel had them: those start afresh.
+  sample_losses_.clear();
+  if (st.contains("sample_losses")) sample_losses_.load_state(st.at("sample_losses"));
+  attention_trend_.clear();
+  for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
+    attention_trend_.push_back(v.is_number() ? v.get<double>()
+                                             : std::numeric_limits<double>::quiet_NaN());
+  attention_drifting_ = st.value("attention_drifting", std::vector<int64_t>{});
+  if (attention_drifting_.size() != attention_trend_.size())
+    attention_drifting_.assign(attention_trend_.size(), 0);
+  consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
+  consecutive_overflow_ = st.value("consecutive_overflow", int64_t{0});
+  unapplied_in_a_row_ = st.value("unapplied_in_a_row", int64_t{0});
+  norm_only_skips_ = st.value("norm_only_skips", int64_t{0});
+  rollbacks_ = st.at("rollbacks").get<int64_t>();
+  recovery_until_ = st.at("recovery_until").get<int64_t>();
+  recovery_announced_ = st.at("recovery_announced").get<bool>();
+  last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
+  last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
+  last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
+  last_screen_step_ = st.value("last_screen_step", int64_t{-1});
+  last_screen_warn_step_ = st.value("last_screen_warn_step", last_screen_step_);
+  screen_masked_.clear();
+  screen_samples_.clear();
+  if (st.contains("screen_masked")) {
+    screen_masked_.load_state(st.at("screen_masked"));
+    screen_samples_.load_state(st.at("screen_samples"));
+  }
+  applied_any_ = st.value("applied_any", !grad_norms_.empty());
+  last_loss_scale_.reset();
+  if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())
+    last_loss_scale_ = it->get<double>();
+  scale_drops_.clear();
+  if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
+  open_.reset();
+  if (auto it = st.find("open_incident"); it != st.end() && it->is_object())
+    open_ = Incident::from_json(*it);
+  closed_.clear();
+  for (const auto& i : st.value("incidents", nlohmann::json::array()))
+    if (i.contains("alarms")) closed_.push_back(Incident::from_json(i));
+  incident_starts_.clear();
+  for (int64_t v : st.value("incident_starts", std::vector<int64_t>{}))
+    incident_starts_.push_back(v);
+}
+
+}  // namespace keel::guard

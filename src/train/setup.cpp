@@ -1,0 +1,271 @@
+// A start of `keel train`: every check that can refuse it and everything it builds (process
+// settings, model, optimizer, data, guard, the checkpoint to resume from, restored) come before
+// its first write, so a refused start leaves the run directory as it was; then the record opens.
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <ctime>
+#include <filesystem>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf_format.h"
+#include "common/error.h"
+#include "common/host_allocator.h"
+#include "common/log.h"
+#include "config/validate.h"
+#include "data/loader.h"
+#include "data/synthetic.h"
+#include "schedule/schedule.h"
+#include "train/trainer_state.h"
+
+namespace keel::train {
+namespace fs = std::filesystem;
+namespace {
+
+// Sample ids of the validation stream live far above any training id, so the two never overlap.
+constexpr int64_t kValidationIdBase = int64_t{1} << 48;
+// Sequences in the reference batch the guard's diagnosis measures the model on.
+constexpr int64_t kProbeSequences = 8;
+
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int rank, int world,
+                                               bool validation) {
+  if (cfg.data.source == config::DataSource::kSynthetic) {
+    data::SyntheticChain chain(cfg.model.vocab_size, cfg.data.synthetic_branching,
+                               cfg.data.synthetic_zipf, static_cast<uint64_t>(cfg.run.seed));
+    return std::make_unique<data::SyntheticSource>(std::move(chain), cfg.data.micro_batch_size,
+                                                   cfg.model.seq_len, rank, world,
+                                                   validation ? kValidationIdBase : 0);
+  }
+  return data::make_shard_source(cfg, rank, world, validation);
+}
+
+}  // namespace
+
+config::Config Trainer::State::resolved_config(const config::Config& c) {
+  std::optional<int64_t> data_vocab;
+  if (c.model.vocab_size == config::kAuto && c.data.source == config::DataSource::kShards)
+    data_vocab = data::shard_vocab_size(c.data.path);
+  return config::resolve_auto(c, data_vocab);
+}
+
+torch::Device select_device(config::Device requested, int local_rank) {
+  if (requested == config::Device::kCpu) return torch::kCPU;
+  const bool has_cuda = torch::cuda::is_available();
+  if (requested == config::Device::kCuda && !has_cuda)
+    throw ConfigError("run.device: cuda requested but no CUDA device is visible; use auto or cpu");
+  if (!has_cuda) return torch::kCPU;
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
+}
+
+std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
+  if (!options.run_dir.empty()) return options.run_dir;
+  return (fs::path(cfg.run.out_dir) / cfg.run.name).string();
+}
+
+namespace {
+
+// A fresh start (no --resume) in a directory that holds an earlier run: that run's record and
+// checkpoints move to RUN_DIR/previous/<UTC time>/, so the new record starts empty instead of
+// interleaving with the old one, and nothing of the old run is lost.
+void set_earlier_run_aside(const fs::path& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir / "metrics.jsonl", ec) && !fs::exists(run_dir / "checkpoints", ec) &&
+      !fs::exists(run_dir / "events.jsonl", ec))
+    return;
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H-%M-%SZ", &tm);
+  fs::path aside = run_dir / "previous" / stamp;
+  for (int i = 2; fs::exists(aside, ec); ++i)
+    aside = run_dir / "previous" / (std::string(stamp) + "-" + std::to_string(i));
+  fs::create_directories(aside, ec);
+  if (ec) throw UserError("cannot create " + aside.string() + ": " + ec.message());
+  // Only what keel writes moves: a file the user keeps in the directory stays where it is.
+  static const char* const kRecord[] = {
+      "config.resolved.yaml", "metrics.jsonl",    "events.jsonl", "eval.jsonl",
+      "samples.jsonl",        "quarantine.jsonl", "starts.jsonl", "heartbeat",
+      "checkpoints",          "forensics",        "tensorboard",  "report.html"};
+  for (const char* name : kRecord) {
+    const fs::path entry = run_dir / name;
+    if (!fs::exists(fs::symlink_status(entry, ec))) continue;
+    fs::rename(entry, aside / name, ec);
+    if (ec)
+      throw UserError("cannot move " + entry.string() + " aside to " + aside.string() + ": " +
+                      ec.message() + "; HINT: pass --resume latest to continue that run, " +
+                      "or a new --run-dir");
+  }
+  log::warn("train",
+            "{} held an earlier run; it is moved to {} (pass --resume latest to continue a run "
+            "instead of starting again)",
+            run_dir.string(), aside.string());
+}
+
+}  // namespace
+
+// A start checks and builds everything it needs before it writes anything, so a refused start (a
+// config the checkpoint cannot honour, missing data, an unreadable --init-from, a corrupt
+// checkpoint) leaves the run directory byte for byte as it was; every rank refuses together.
+// Only then does the record open, and a resume go on it.
+void Trainer::State::setup() {
+  run_dir = resolve_run_dir(cfg, options);
+  device = select_device(cfg.run.device, options.local_rank);
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+  std::exception_ptr refused;
+  try {
+    build();
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  agree_to_start(refused);
+  open_record();
+  if (resumed) record_resume();
+}
+
+void Trainer::State::agree_to_start(std::exception_ptr refused) {
+  if (comm.is_process_group()) {
+    std::vector<torch::Tensor> flag{
+        torch::tensor({static_cast<int64_t>(refused ? 1 : 0)}, torch::kInt64).to(device)};
+    comm.all_reduce_max_(flag);
+    if (!refused && flag[0].item<int64_t>() != 0)
+      throw UserError("another rank refused to start; its message says why");
+  }
+  if (refused) std::rethrow_exception(refused);
+}
+
+void Trainer::State::build() {
+  process_settings = std::make_unique<ProcessSettings>();
+  stop_signals = std::make_unique<StopSignals>(on_stop_signal);
+  if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
+  if (cfg.run.host_allocator == config::HostAllocator::kCaching) {
+    install_caching_host_allocator(default_host_cache_limit());
+  } else {
+    restore_default_host_allocator();
+  }
+  // Without oneDNN in this LibTorch, model::linear stays on ATen whatever the choice.
+  model::set_cpu_matmul(cfg.run.cpu_matmul);
+  if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+
+  if (comm.world_size() > 1 && cfg.checkpoint.async)
+    throw ConfigError(
+        "checkpoint.async with several ranks: the writer thread's barrier would race the "
+        "training collectives (an out-of-band store barrier is not built yet); set it to false");
+  precision = cfg.run.precision;
+  build_model();
+
+  const int rank = comm.rank(), world = comm.world_size();
+  train_data = make_source(cfg, rank, world, /*validation=*/false);
+  val_data = make_source(cfg, rank, world, /*validation=*/true);
+  val_start = val_data->state();
+  probe_tokens = val_data->next().tokens;
+  probe_tokens =
+      probe_tokens.slice(0, 0, std::min<int64_t>(kProbeSequences, probe_tokens.size(0))).clone();
+  if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(train_data.get()))
+    loss_floor = synthetic->chain().entropy_rate();
+  faults =
+      std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
+                                      cfg.model.vocab_size, cfg.run.seed + rank);
+  samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
+  tokens_per_step = samples_per_step * cfg.model.seq_len;
+  if (cfg.stability.enabled)
+    guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
+                                           schedule::warmup_steps(cfg.schedule, cfg.run.max_steps),
+                                           samples_per_step, cfg.run.max_steps);
+  grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
+
+  resume_source = find_resume_source(config::checkpoint_dir(cfg, run_dir), run_dir, options.resume,
+                                     rank, world);
+  if (resume_source) {
+    check_resumable(cfg, *resume_source);
+    restore(resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
+    resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
+    resumed = true;
+  }
+}
+
+// The model on its device, --init-from's weights, the gradient reducer, the optimizer and scaler.
+void Trainer::State::build_model() {
+  model = model::Transformer(cfg.model);
+  if (!options.init_from.empty()) {
+    const auto weights = checkpoint::read_hf_model(options.init_from, cfg.model);
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) item.value().copy_(weights.at(item.key()));
+    log::info("model", "initial weights from {} (--init-from){}", options.init_from,
+              options.resume.requested() ? "; a checkpoint to resume from replaces them" : "");
+  }
+  model->to(device);  // parameters stay fp32: the master weights; autocast lowers the compute
+
+  for (auto& item : model->named_parameters()) {
+    named_params.emplace_back(item.key(), item.value());
+    params.push_back(item.value());
+  }
+  // ZeRO-1 reduce-scatters the gradient buckets, so its reducer exists whether or not the buckets
+  // overlap the backward pass; without ZeRO, overlap: false is one flat all-reduce instead.
+  const bool zero = cfg.distributed.zero == 1;
+  if (comm.is_process_group() && (zero || cfg.distributed.overlap))
+    reducer =
+        std::make_unique<distributed::GradReducer>(comm, params, cfg.distributed.bucket_mb, zero);
+  if (zero) {
+    auto sharded =
+        std::make_unique<distributed::ZeroOptimizer>(named_params, cfg.optim, comm, reducer.get());
+    zero_optimizer = sharded.get();
+    optimizer = std::move(sharded);
+  } else {
+    optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
+  }
+  if (precision == optim::Precision::kFp16)
+    scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
+                   /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
+  layers = std::make_unique<LayerGroups>(named_params, device);
+}
+
+// The first writes of a start: the run directory (an earlier run in it set aside on a fresh
+// start), config.resolved.yaml, the record files, starts.jsonl, the checkpoint directory.
+void Trainer::State::open_record() {
+  if (comm.is_main()) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw UserError("cannot create run directory " + run_dir + ": " + ec.message());
+    if (!options.resume.requested()) set_earlier_run_aside(run_dir);
+    monitor::write_record_file((fs::path(run_dir) / "config.resolved.yaml").string(),
+                               resolved_yaml);
+  }
+  comm.barrier();
+  files =
+      monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids,
+                              cfg.logging.tensorboard ? cfg.logging.tensorboard_every_steps : 0);
+  if (comm.is_main()) history = RunHistory(run_dir, options.resume.name());
+  quarantine = Quarantine(files.quarantine, *train_data);
+  progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
+  const int rank = comm.rank(), world = comm.world_size();
+  checkpointer = std::make_unique<checkpoint::Checkpointer>(
+      config::checkpoint_dir(cfg, run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
+      checkpoint::xxh3_hex_of(resolved_yaml), [this] { comm.barrier(); });
+
+  log::info("train", "run directory {}", run_dir);
+  log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}",
+            config::name_of(cfg.model.arch), model->num_parameters() / 1e6,
+            model->flops_per_token() / 1e6, device.str(), config::name_of(cfg.run.precision));
+  log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
+            optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
+            schedule::warmup_steps(cfg.schedule, cfg.run.max_steps), samples_per_step,
+            tokens_per_step);
+  if (loss_floor)
+    log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
+              *loss_floor);
+  if (!cfg.faults.empty())
+    log::warn("faults", "{} fault(s) will be injected (a rehearsal, not a production run)",
+              cfg.faults.size());
+
+  event(EventKind::kRunStart, {{"world_size", world},
+                               {"device", device.str()},
+                               {"parameters", model->num_parameters()},
+                               {"flops_per_token", model->flops_per_token()},
+                               {"resume", options.resume.name()}});
+}
+
+}  // namespace keel::train

@@ -1,0 +1,46 @@
+// Command-line contracts a script relies on: stdout of `keel validate --print-config` is a config
+// `keel train` loads, and `keel launch` says where `--` goes when it is missing.
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+TEST(PrintConfig, StdoutIsTheConfigAloneAndTrainLoadsIt) {
+  ScratchDir d("print_config");
+  // A subshell: run_shell adds its own 2>&1 after the command.
+  auto r =
+      run_shell("(" + std::string(KEEL_BINARY) + " validate " + source_path("configs/tiny.yaml") +
+                " --no-probe --set optim.lr=1e-3 --print-config > " + d / "r.yaml" + " 2> " +
+                d / "report.txt)");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(d / "r.yaml");
+  const std::string yaml((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(yaml.find("estimate"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find("checklist"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find(": valid\n"), std::string::npos) << yaml;
+  std::ifstream report_in(d / "report.txt");
+  const std::string report((std::istreambuf_iterator<char>(report_in)), {});
+  EXPECT_NE(report.find(": valid"), std::string::npos) << report;  // the verdict on stderr
+
+  r = run_keel("train " + d / "r.yaml" + kQuickRun + " --set run.max_steps=3 --run-dir " +
+               d / "run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The run used the overridden lr the printed config carried.
+  std::ifstream resolved(d.path() / "run" / "config.resolved.yaml");
+  const std::string used((std::istreambuf_iterator<char>(resolved)), {});
+  EXPECT_NE(used.find("lr: 0.001"), std::string::npos) << used;
+}
+
+TEST(LaunchHint, OptionsOfTheCommandWithoutDashDashAreRefusedWithTheFixedLine) {
+  auto r = run_keel("launch --nproc 2 train configs/tiny.yaml --set run.max_steps=5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("keel launch --nproc 2 -- train configs/tiny.yaml --set "
+                          "run.max_steps=5"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace keel::testing
