@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -26,10 +27,9 @@ nlohmann::json finite_or_null(double v) {
 }  // namespace
 
 Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-             int64_t warmup_steps, int64_t samples_per_step, int64_t max_steps)
+             int64_t warmup_steps, int64_t samples_per_step)
     : cfg_(cfg),
       layer_names_(std::move(layer_names)),
-      max_steps_(max_steps),
       grad_norms_(cfg.median_window),
       losses_(cfg.median_window),
       clip_flags_(cfg.median_window),
@@ -41,8 +41,9 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       screen_masked_(cfg.median_window),
       screen_samples_(cfg.median_window),
       scale_drops_(cfg.median_window) {
-  cfg_.recovery.steps = config::recovery_steps(cfg_, max_steps);
-  cfg_.rollback.stuck_steps = config::stuck_steps(cfg_.rollback, max_steps);
+  if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
+    throw std::invalid_argument(
+        "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");
 }
 
 nlohmann::json Guard::layer_report(const StepSignals& s) const {

@@ -110,9 +110,10 @@ class Guard {
   // (clip rate, update ratios, activation statistics) stay silent until it is over, and the clip
   // rate until a whole window after it. `samples_per_step` sizes the per-sample baseline of the
   // screen (median_window steps' worth, within [screen.min_samples, kMaxScreenWindow]).
-  // `max_steps` resolves the auto keys (stuck_steps, recovery.steps).
+  // `cfg` is resolved (config::resolve_auto): recovery.steps and rollback.stuck_steps are numbers,
+  // not auto; std::invalid_argument otherwise.
   Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-        int64_t warmup_steps = 0, int64_t samples_per_step = 1, int64_t max_steps = 1000);
+        int64_t warmup_steps = 0, int64_t samples_per_step = 1);
 
   // The per-sample loss above which the screen masks a sample in step `step`; nullopt while the
   // screen is off (disabled, or its baseline holds fewer than screen.min_samples samples).
@@ -206,7 +207,6 @@ class Guard {
 
   config::StabilityConfig cfg_;
   std::vector<std::string> layer_names_;
-  int64_t max_steps_;
   RunningWindow grad_norms_, losses_, clip_flags_;
   std::vector<RunningWindow> layer_norms_;
   RunningWindow sample_losses_;  // kept samples' losses: the screen's baseline

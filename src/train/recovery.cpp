@@ -152,7 +152,7 @@ void Trainer::State::pause_and_rollback(const Verdict& verdict) {
                                {"incident", verdict.decision.incident},
                                {"checkpoint", target->path.string()},
                                {"quarantine", set_aside_detail}});
-  const int64_t recovery = config::recovery_steps(cfg.stability, cfg.run.max_steps);
+  const int64_t recovery = cfg.stability.recovery.steps;  // resolved in config
   event(EventKind::kRecoveryStart, {{"steps", recovery},
                                     {"lr_factor", cfg.stability.recovery.lr_factor},
                                     {"until_step", counters.step + recovery},

@@ -173,8 +173,7 @@ void Trainer::State::build() {
   tokens_per_step = samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
     guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
-                                           schedule::warmup_steps(cfg.schedule, cfg.run.max_steps),
-                                           samples_per_step, cfg.run.max_steps);
+                                           cfg.schedule.warmup_steps, samples_per_step);
   grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 
   resume_source = find_resume_source(config::checkpoint_dir(cfg, run_dir), run_dir, options.resume,
@@ -252,8 +251,7 @@ void Trainer::State::open_record() {
             model->flops_per_token() / 1e6, device.str(), config::name_of(cfg.run.precision));
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
             optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
-            schedule::warmup_steps(cfg.schedule, cfg.run.max_steps), samples_per_step,
-            tokens_per_step);
+            cfg.schedule.warmup_steps, samples_per_step, tokens_per_step);
   if (loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
               *loss_floor);

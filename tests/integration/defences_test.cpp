@@ -80,18 +80,7 @@ TEST(DefencesIntegration, TenIncidentsInOneRunFinish) {
   ScratchDir clean("defences_ten_clean"), d("defences_ten");
   auto c = run_keel(defaults(clean, 300));
   ASSERT_EQ(c.exit_code, 0) << c.output;
-  auto r = run_keel(
-      defaults(d, 300,
-               "--set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 40, steps: 5},"
-               " {kind: lr_spike, factor: 100, at_step: 65, steps: 2},"
-               " {kind: corrupt_batch, mode: repeat_token, at_step: 90, steps: 12},"
-               " {kind: nan_grad, at_step: 115},"
-               " {kind: corrupt_batch, mode: shuffled, at_step: 135, steps: 15},"
-               " {kind: corrupt_batch, mode: random_tokens, at_step: 165, steps: 1},"
-               " {kind: lr_spike, factor: 100, at_step: 190, steps: 2},"
-               " {kind: corrupt_batch, mode: shuffled, at_step: 215, steps: 8},"
-               " {kind: corrupt_batch, mode: random_tokens, at_step: 240, steps: 20},"
-               " {kind: corrupt_batch, mode: repeat_token, at_step: 275, steps: 4}]'"));
+  auto r = run_keel(defaults(d, 300, kTenIncidentFaults));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (auto& [incident, n] : rollbacks_per_incident(d)) EXPECT_LE(n, 2) << "incident " << incident;
   int alarms = 0;

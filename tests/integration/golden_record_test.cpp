@@ -142,20 +142,9 @@ TEST(GoldenRecord, TinyRunWritesTheGoldenRecord) {
 }
 
 TEST(GoldenRecord, TenIncidentRunWritesTheGoldenRecord) {
-  check_against_golden(
-      "ten_incidents",
-      kDeterministic +
-          " --set run.max_steps=300 --set schedule.warmup_steps=20"
-          " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 40, steps: 5},"
-          " {kind: lr_spike, factor: 100, at_step: 65, steps: 2},"
-          " {kind: corrupt_batch, mode: repeat_token, at_step: 90, steps: 12},"
-          " {kind: nan_grad, at_step: 115},"
-          " {kind: corrupt_batch, mode: shuffled, at_step: 135, steps: 15},"
-          " {kind: corrupt_batch, mode: random_tokens, at_step: 165, steps: 1},"
-          " {kind: lr_spike, factor: 100, at_step: 190, steps: 2},"
-          " {kind: corrupt_batch, mode: shuffled, at_step: 215, steps: 8},"
-          " {kind: corrupt_batch, mode: random_tokens, at_step: 240, steps: 20},"
-          " {kind: corrupt_batch, mode: repeat_token, at_step: 275, steps: 4}]'");
+  check_against_golden("ten_incidents",
+                       kDeterministic + " --set run.max_steps=300 --set schedule.warmup_steps=20" +
+                           kTenIncidentFaults);
 }
 
 }  // namespace

@@ -75,6 +75,20 @@ inline const std::string kQuickRun =
     " --set eval.every_steps=0 --set schedule.warmup_steps=2 --set run.threads=1"
     " --set run.deterministic=true --set model.d_model=64 --set model.seq_len=32";
 
+// Ten incidents of every kind over a 300-step run (--set faults=...): the defences test and the
+// golden record run it.
+inline const std::string kTenIncidentFaults =
+    " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 40, steps: 5},"
+    " {kind: lr_spike, factor: 100, at_step: 65, steps: 2},"
+    " {kind: corrupt_batch, mode: repeat_token, at_step: 90, steps: 12},"
+    " {kind: nan_grad, at_step: 115},"
+    " {kind: corrupt_batch, mode: shuffled, at_step: 135, steps: 15},"
+    " {kind: corrupt_batch, mode: random_tokens, at_step: 165, steps: 1},"
+    " {kind: lr_spike, factor: 100, at_step: 190, steps: 2},"
+    " {kind: corrupt_batch, mode: shuffled, at_step: 215, steps: 8},"
+    " {kind: corrupt_batch, mode: random_tokens, at_step: 240, steps: 20},"
+    " {kind: corrupt_batch, mode: repeat_token, at_step: 275, steps: 4}]'";
+
 inline std::string source_path(const std::string& relative) {
   return std::string(KEEL_SOURCE_DIR) + "/" + relative;
 }

@@ -36,6 +36,7 @@ config::StabilityConfig test_config() {
   c.recovery.steps = 5;
   c.recovery.lr_factor = 0.25;
   c.rollback.max_rollbacks = 2;
+  c.rollback.stuck_steps = config::stuck_steps(c.rollback, 1000);
   c.max_consecutive_nan = 3;
   return c;
 }

@@ -16,6 +16,7 @@ config::Config with_schedule(const std::string& kind) {
   cfg.schedule.kind = *config::parse_choice<config::ScheduleKind>(kind);
   cfg.schedule.warmup_steps = 100;
   cfg.stability.recovery.steps = 50;
+  cfg.stability.rollback.stuck_steps = 250;  // resolved, as config::resolve_auto leaves it
   cfg.stability.recovery.lr_factor = 0.25;
   return cfg;
 }
