@@ -21,7 +21,7 @@ VENV="$CACHE/torch-$TORCH_VERSION"
 DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config python3-venv
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev fortunes
+  nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev zstd fortunes
   clang-format chromium-headless-shell
 )
 

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 
-import yaml
 
 FORTUNES = "/usr/share/games/fortunes"
 
@@ -51,39 +50,57 @@ def examples_of(keel, sub):
     return examples
 
 
-def shrink(path, max_steps=None):
-    """A config's model and batch made tiny, so that a step takes milliseconds on one core."""
+def set_keys(path, values):
+    """Sets `section.key` values in a block-style YAML config (two-space indentation, as keel's
+    configs are written), keeping its comments; keys a section lacks are appended to it."""
     with open(path) as f:
-        cfg = yaml.safe_load(f)
-    run = cfg.setdefault("run", {})
-    run["device"] = "cpu"
-    run["precision"] = "fp32"
-    if max_steps is not None:
-        run["max_steps"] = max_steps
-    model = cfg.setdefault("model", {})
-    model.update({"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 32})
-    if "n_kv_heads" in model:
-        model["n_kv_heads"] = 2
-    if "d_ff" in model:
-        model["d_ff"] = 64
-    if cfg.get("data", {}).get("source", "synthetic") == "synthetic":
-        model["vocab_size"] = 256
-    data = cfg.setdefault("data", {})
-    data["micro_batch_size"] = 2
-    data["grad_accum_steps"] = 1
-    schedule = cfg.setdefault("schedule", {})
-    steps = run.get("max_steps", 400)
-    if isinstance(schedule.get("warmup_steps"), int):
-        schedule["warmup_steps"] = min(schedule["warmup_steps"], max(steps // 10, 1))
-    ev = cfg.setdefault("eval", {})
-    ev["batches"] = 2
-    if isinstance(ev.get("every_steps"), int) and ev["every_steps"] > steps:
-        ev["every_steps"] = steps
-    if isinstance(cfg.get("checkpoint", {}).get("every_steps"), int):
-        cfg["checkpoint"]["every_steps"] = "auto"
-        cfg["checkpoint"].pop("stable", None)
+        lines = f.read().split("\n")
+    out, section, pending = [], None, {}
+
+    def flush():
+        for key, value in pending.items():
+            out.append(f"  {key}: {value}")
+        pending.clear()
+
+    for line in lines:
+        top = re.match(r"^([a-z_]+):\s*(#.*)?$", line)
+        if top:
+            flush()
+            section = top.group(1)
+            pending.update({k.split(".", 1)[1]: v for k, v in values.items()
+                            if k.split(".", 1)[0] == section})
+            out.append(line)
+            continue
+        key = re.match(r"^  ([a-z_]+):(\s*)([^#]*?)(\s*#.*)?$", line)
+        if key and section and key.group(1) in pending:
+            out.append(f"  {key.group(1)}: {pending.pop(key.group(1))}")
+            continue
+        if line.strip() == "" and pending:
+            flush()
+        out.append(line)
+    flush()
     with open(path, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
+        f.write("\n".join(out))
+
+
+def shrink(path, max_steps=None, synthetic=True, warmup=None):
+    """A config's model and batch made tiny, so that a step takes milliseconds on one core."""
+    values = {"run.device": "cpu", "run.precision": "fp32", "model.d_model": 32,
+              "model.n_layers": 2, "model.n_heads": 2, "model.seq_len": 32,
+              "data.micro_batch_size": 2, "data.grad_accum_steps": 1, "eval.batches": 2}
+    if max_steps is not None:
+        values["run.max_steps"] = max_steps
+    if synthetic:
+        values["model.vocab_size"] = 256
+    if warmup is not None:
+        values["schedule.warmup_steps"] = warmup
+    with open(path) as f:
+        text = f.read()
+    if re.search(r"^  d_ff:", text, re.M):
+        values["model.d_ff"] = 64
+    if re.search(r"^  n_kv_heads:", text, re.M):
+        values["model.n_kv_heads"] = 2
+    set_keys(path, values)
 
 
 def fortunes():
@@ -104,8 +121,9 @@ def scratch_for(source, work, sub):
     os.makedirs(scratch)
     shutil.copytree(os.path.join(source, "configs"), os.path.join(scratch, "configs"))
     shrink(os.path.join(scratch, "configs", "tiny.yaml"))
-    shrink(os.path.join(scratch, "configs", "fortunes.yaml"), max_steps=30)
-    shrink(os.path.join(scratch, "configs", "gpt2-124m.yaml"), max_steps=20)
+    shrink(os.path.join(scratch, "configs", "fortunes.yaml"), max_steps=30, synthetic=False,
+           warmup=3)
+    shrink(os.path.join(scratch, "configs", "gpt2-124m.yaml"), max_steps=20, warmup=2)
     docs = fortunes()
     # corpus/: plain text, one document per file; dumps/: JSONL compressed with zstd.
     os.makedirs(os.path.join(scratch, "corpus"))
