@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "cli/commands.h"
@@ -58,13 +59,13 @@ std::function<void(const data::PrepareProgress&)> prepare_progress_printer(
 namespace {
 
 // Inputs, output and tokenizer.
-void add_io_options(CLI::App& sub, data::PrepareOptions& o) {
+void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokenizer) {
   sub.add_option("--input", o.inputs, "input files, directories or globs")->required();
   sub.add_option("--output", o.output, "dataset directory to write (new or empty)")->required();
   sub.add_flag("--overwrite", o.overwrite,
                "replace what --output holds: the new dataset is written beside it and swapped in "
                "whole at the end");
-  sub.add_option("--tokenizer", o.tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
+  sub.add_option("--tokenizer", tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
       ->capture_default_str();
   sub.add_option("--format", o.input.format, "auto | text | jsonl")->capture_default_str();
   sub.add_option("--text-field", o.input.text_field, "JSONL key holding the text")
@@ -117,9 +118,10 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
                  "share of window-sized documents started on a window boundary instead of split "
                  "(0 = off)")
       ->capture_default_str();
-  sub.add_option("--cluster", o.cluster, "index cluster id: hash | source (input file)")
-      ->check(CLI::IsMember({"hash", "source"}))
-      ->capture_default_str();
+  sub.add_option("--cluster", o.cluster,
+                 "index cluster id: hash (of the text; the default) | source (input file)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, data::ClusterBy>{
+          {"hash", data::ClusterBy::kHash}, {"source", data::ClusterBy::kSource}}));
   sub.add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")->capture_default_str();
   sub.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
   sub.add_option("--seed", o.seed, "seed for MinHash, the split and keep-whole")
@@ -130,7 +132,7 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
 std::string command_line(const data::PrepareOptions& o, const CLI::App& sub) {
   std::string command = "keel prepare";
   for (const auto& in : o.inputs) command += " --input " + in;
-  command += " --output " + o.output + " --tokenizer " + o.tokenizer;
+  command += " --output " + o.output + " --tokenizer " + o.tokenizer.text();
   for (const auto* opt : sub.get_options()) {
     const std::string name = opt->get_name();
     if (opt->count() == 0 || name == "--input" || name == "--output" || name == "--tokenizer" ||
@@ -149,10 +151,11 @@ void register_prepare(CLI::App& app, int& exit_code) {
   auto shingle = std::make_shared<std::string>("word");
   auto no_exact = std::make_shared<bool>(false);
   auto no_near = std::make_shared<bool>(false);
+  auto tokenizer = std::make_shared<std::string>("byte");
   auto* sub = app.add_subcommand("prepare",
                                  "turn raw text (files, dirs, globs; text or JSONL; "
                                  "gzip/zstd) into verified training shards");
-  add_io_options(*sub, *o);
+  add_io_options(*sub, *o, *tokenizer);
   add_dedup_options(*sub, *o, *shingle, *no_exact, *no_near);
   add_filter_and_packing_options(*sub, *o);
   sub->footer(
@@ -164,8 +167,9 @@ void register_prepare(CLI::App& app, int& exit_code) {
       "--val-fraction 0.05\n"
       "  keel prepare --input corpus/ --output data/corpus --overwrite      # replace that "
       "dataset");
-  sub->callback([o, shingle, no_exact, no_near, &exit_code, sub] {
+  sub->callback([o, shingle, no_exact, no_near, tokenizer, &exit_code, sub] {
     log::init(0, 1);
+    o->tokenizer = data::TokenizerSpec::parse(*tokenizer);
     o->minhash.char_shingles = *shingle == "char";
     o->exact_dedup = !*no_exact;
     o->near_dedup = !*no_near;

@@ -32,28 +32,24 @@ namespace {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::string& spm_text,
                                           int threads) {
-  const std::string& spec = o.tokenizer;
-  std::string model_out = o.output + "/tokenizer.model";
-  if (spec == "byte") return make_byte_tokenizer();
-  if (spec.rfind("spm:", 0) == 0) {
-    auto tok = load_spm_tokenizer(spec.substr(4));
-    fs::copy_file(spec.substr(4), model_out, fs::copy_options::overwrite_existing);
-    return tok;
-  }
-  if (spec.rfind("spm-train:", 0) == 0) {
-    int64_t vocab = 0;
-    try {
-      vocab = std::stoll(spec.substr(10));
-    } catch (const std::exception&) {
+  const TokenizerSpec& spec = o.tokenizer;
+  const std::string model_out = o.output + "/tokenizer.model";
+  switch (spec.kind) {
+    case TokenizerSpec::Kind::kByte:
+      return make_byte_tokenizer();
+    case TokenizerSpec::Kind::kSpm: {
+      auto tok = load_spm_tokenizer(spec.model);
+      fs::copy_file(spec.model, model_out, fs::copy_options::overwrite_existing);
+      return tok;
     }
-    if (vocab < 8)
-      throw DataError("--tokenizer " + spec + ": expected spm-train:VOCAB with VOCAB >= 8");
-    std::string prefix = o.output + "/tokenizer";
-    train_spm(spm_text, vocab, prefix, threads, o.seed);
-    fs::remove(prefix + ".vocab");
-    return load_spm_tokenizer(model_out);
+    case TokenizerSpec::Kind::kSpmTrain: {
+      const std::string prefix = o.output + "/tokenizer";
+      train_spm(spm_text, spec.vocab, prefix, threads, o.seed);
+      fs::remove(prefix + ".vocab");
+      return load_spm_tokenizer(model_out);
+    }
   }
-  throw DataError("--tokenizer " + spec + ": expected byte, spm:MODEL or spm-train:VOCAB");
+  throw std::logic_error("make_tokenizer: unknown kind");
 }
 
 void write_atomic(const std::string& path, const std::string& text) {
@@ -112,6 +108,38 @@ double cpu_seconds() {
 }
 
 }  // namespace
+
+std::string TokenizerSpec::text() const {
+  switch (kind) {
+    case Kind::kByte:
+      return "byte";
+    case Kind::kSpm:
+      return "spm:" + model;
+    case Kind::kSpmTrain:
+      return "spm-train:" + std::to_string(vocab);
+  }
+  return "?";
+}
+
+TokenizerSpec TokenizerSpec::parse(const std::string& spec) {
+  TokenizerSpec t;
+  if (spec == "byte") return t;
+  if (spec.rfind("spm:", 0) == 0 && spec.size() > 4) {
+    t.kind = Kind::kSpm;
+    t.model = spec.substr(4);
+    return t;
+  }
+  if (spec.rfind("spm-train:", 0) == 0) {
+    t.kind = Kind::kSpmTrain;
+    const std::string digits = spec.substr(10);
+    if (!digits.empty() && digits.size() < 10 &&
+        digits.find_first_not_of("0123456789") == std::string::npos)
+      t.vocab = std::stoll(digits);
+    if (t.vocab >= 8) return t;
+    throw DataError("--tokenizer " + spec + ": expected spm-train:VOCAB with VOCAB >= 8");
+  }
+  throw DataError("--tokenizer " + spec + ": expected byte, spm:MODEL or spm-train:VOCAB");
+}
 
 PrepareOptions recommended_prepare_options() {
   PrepareOptions o;
@@ -207,8 +235,10 @@ nlohmann::json prepare(const PrepareOptions& o) {
   if (o.val_fraction < 0 || o.val_fraction >= 1)
     throw DataError("--val-fraction " + std::to_string(o.val_fraction) + ": expected [0, 1)");
   if (o.seq_len < 1) throw DataError("--seq-len must be positive");
-  if (o.cluster != "hash" && o.cluster != "source")
-    throw DataError("--cluster " + o.cluster + ": expected hash or source");
+  std::error_code ec;
+  if (o.tokenizer.kind == TokenizerSpec::Kind::kSpm && !fs::is_regular_file(o.tokenizer.model, ec))
+    throw DataError("--tokenizer " + o.tokenizer.text() + ": no such SentencePiece model" +
+                    relative_note(o.tokenizer.model));
   if (o.near_dedup) {
     if (o.minhash.bands <= 0 || o.minhash.num_perm % o.minhash.bands != 0)
       throw DataError("--num-perm " + std::to_string(o.minhash.num_perm) +
@@ -332,7 +362,7 @@ nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFil
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = cpu_seconds();
   const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  const bool train_spm = o.tokenizer.rfind("spm-train:", 0) == 0;
+  const bool train_spm = o.tokenizer.kind == TokenizerSpec::Kind::kSpmTrain;
   const std::string spm_text_path = train_spm ? o.output + "/.spm_train.txt" : "";
 
   const DedupResult dedup = dedup_pass(o, files, threads, spm_text_path);

@@ -34,22 +34,40 @@ struct PrepareProgress {
   double seconds = 0;       // since the pass started
 };
 
+// --tokenizer: byte, spm:MODEL (an existing SentencePiece model) or spm-train:VOCAB (train one of
+// that vocabulary on the kept documents).
+struct TokenizerSpec {
+  enum class Kind { kByte, kSpm, kSpmTrain };
+  Kind kind = Kind::kByte;
+  std::string model;         // kSpm: the model file
+  int64_t vocab = 0;         // kSpmTrain: at least 8
+  std::string text() const;  // as given on the command line
+  // DataError (exit 2) naming --tokenizer and what is valid.
+  static TokenizerSpec parse(const std::string& spec);
+};
+
+// --cluster: the stratified sampler's cluster of a document.
+enum class ClusterBy {
+  kHash,    // a hash of its text
+  kSource,  // its input file (a named source)
+};
+
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files, directories, globs
   std::string output;               // dataset directory (created; must be empty unless overwrite)
   bool overwrite = false;           // replace a non-empty output (swapped in whole at the end)
-  std::string tokenizer = "byte";   // byte | spm:MODEL | spm-train:VOCAB
+  TokenizerSpec tokenizer;
   InputOptions input;
   bool exact_dedup = true;
   bool near_dedup = true;
   MinHashConfig minhash;
   LengthRules length;
   RepetitionRules repetition;
-  double val_fraction = 0.0;     // share of kept documents in the val split
-  int64_t seq_len = 1024;        // training window the data is packed for
-  double keep_whole = 0.0;       // share of documents that fit a window started on a window
-                                 // boundary (the gap filled with boundary tokens), not split
-  std::string cluster = "hash";  // index cluster id: hash (of the text) | source (input file)
+  double val_fraction = 0.0;  // share of kept documents in the val split
+  int64_t seq_len = 1024;     // training window the data is packed for
+  double keep_whole = 0.0;    // share of documents that fit a window started on a window
+                              // boundary (the gap filled with boundary tokens), not split
+  ClusterBy cluster = ClusterBy::kHash;
   int64_t shard_tokens = int64_t{1} << 27;
   int threads = 0;  // 0 = hardware concurrency
   uint64_t seed = 1234;

@@ -205,8 +205,9 @@ class Packer {
       }
       ++r_.whole_docs;
     }
-    const uint32_t cluster = o_.cluster == "source" ? static_cast<uint32_t>(file)
-                                                    : static_cast<uint32_t>(text_hash >> 32);
+    const uint32_t cluster = o_.cluster == ClusterBy::kSource
+                                 ? static_cast<uint32_t>(file)
+                                 : static_cast<uint32_t>(text_hash >> 32);
     w.add_document(tokens, id, cluster);
     r_.tokens_out += len;
     ++r_.docs_out;

@@ -23,7 +23,7 @@ class LoaderTest : public ::testing::Test {
     dir_ = new ScratchDir("loader");
     PrepareOptions o;
     o.seq_len = 16;
-    o.cluster = "hash";
+    o.cluster = ClusterBy::kHash;
     testing::prepare_docs(*dir_, testing::distinct_docs(120, 4), o);
   }
   static void TearDownTestSuite() { delete dir_; }

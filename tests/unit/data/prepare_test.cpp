@@ -206,7 +206,7 @@ TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   ScratchDir dir("prepare_spm");
   auto docs = testing::distinct_docs(150, 12);
   PrepareOptions o;
-  o.tokenizer = "spm-train:400";
+  o.tokenizer = TokenizerSpec::parse("spm-train:400");
   auto r = testing::prepare_docs(dir, docs, o);
   auto set = ShardSet::open(dir / "out", "train");
   EXPECT_EQ(set->meta().vocab_size, 400);
@@ -220,10 +220,10 @@ TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   EXPECT_EQ(tok->decode(t.data(), rec.length), docs[rec.doc_id]);
   // spm:MODEL reuses it.
   ScratchDir again("prepare_spm_reuse");
-  o.tokenizer = "spm:" + (dir / "out/tokenizer.model");
+  o.tokenizer = TokenizerSpec::parse("spm:" + (dir / "out/tokenizer.model"));
   auto r2 = testing::prepare_docs(again, docs, o);
   EXPECT_EQ(r2["tokens_out"], r["tokens_out"]);
-  o.tokenizer = "spm:" + (dir / "missing.model");
+  o.tokenizer = TokenizerSpec::parse("spm:" + (dir / "missing.model"));
   EXPECT_THROW(testing::prepare_docs(again, docs, o), DataError);
 }
 
