@@ -197,6 +197,36 @@ void commit_dataset(const fs::path& staging, const fs::path& output) {
   fsync_path(output.parent_path().empty() ? fs::path(".") : output.parent_path());
 }
 
+// --output as the directory the dataset is renamed onto: absolute, symlinks resolved. The working
+// directory itself or one of its parents cannot be renamed onto: DataError naming the flag.
+fs::path resolved_output(const std::string& output) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(output), ec);
+  if (ec) p = fs::absolute(output).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const fs::path cwd = fs::current_path(ec);
+  const auto rel = cwd.lexically_relative(p);
+  if (!ec && !rel.empty() && (rel == "." || *rel.begin() != ".."))
+    throw DataError("--output " + output + ": the working directory or a parent of it; name a " +
+                    "directory for the dataset (it is written beside that name and renamed onto " +
+                    "it), e.g. --output data/corpus");
+  return p;
+}
+
+// An input inside the output would be deleted with the dataset it replaces (--overwrite).
+void refuse_inputs_inside(const std::vector<InputFile>& files, const fs::path& output,
+                          const std::string& flag) {
+  for (const auto& f : files) {
+    std::error_code ec;
+    const fs::path in = fs::weakly_canonical(fs::absolute(f.path), ec);
+    const auto rel = in.lexically_relative(output);
+    if (!ec && !rel.empty() && *rel.begin() != "..")
+      throw DataError("--input " + f.path + " lies inside --output " + flag +
+                      ", which the new dataset replaces whole; HINT: keep the raw text outside " +
+                      "the dataset directory, or prepare into another --output");
+  }
+}
+
 }  // namespace
 
 void check_prepare_output(const std::string& output, bool overwrite) {
@@ -250,11 +280,11 @@ nlohmann::json prepare(const PrepareOptions& o) {
   std::vector<std::string> skipped;
   auto files = expand_inputs(o.inputs, o.input, &skipped);
 
-  // Everything is written into a staging directory beside the output and swapped in whole at the
-  // end, so an existing dataset (--overwrite) is never half replaced.
-  fs::path output = fs::path(o.output).lexically_normal();
-  if (output.filename().empty()) output = output.parent_path();  // "data/x/"
-  if (!output.parent_path().empty()) fs::create_directories(output.parent_path());
+  // Everything is written into a staging directory beside the output (beside what a symlink names)
+  // and swapped in whole at the end, so an existing dataset (--overwrite) is never half replaced.
+  const fs::path output = resolved_output(o.output);
+  refuse_inputs_inside(files, output, o.output);
+  fs::create_directories(output.parent_path());
   remove_stale_staging(output);
   const fs::path staging = output.string() + ".tmp-" + std::to_string(::getpid());
   fs::create_directories(staging);

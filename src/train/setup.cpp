@@ -122,7 +122,6 @@ void Trainer::State::setup() {
   }
   agree_to_start(refused);
   open_record();
-  if (resumed) record_resume();
 }
 
 void Trainer::State::agree_to_start(std::exception_ptr refused) {

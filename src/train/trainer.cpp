@@ -429,7 +429,9 @@ void Trainer::loop() {
   const auto& cfg = s.cfg;
   const int64_t eval_every = cfg.eval.every_steps;
   const auto start = Clock::now();
-  if (!s.resumed) {
+  if (s.resumed) {
+    s.record_resume();  // on the record, inside run()'s accounting of how the start ended
+  } else {
     s.evaluate();
     // A rollback needs a target from the very start: the initial weights are stable by definition.
     if (s.guard && cfg.stability.rollback.enabled) s.save_checkpoint(/*stable=*/true);

@@ -180,6 +180,21 @@ TEST(PrepareOutput, ANonEmptyOutputIsRefusedAndLeftAsItWas) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(tree(d.path() / "b") == corpus);
 
+  // Raw text kept inside the dataset directory would go with the dataset --overwrite replaces.
+  write_corpus(fs::path(out) / "raw", 50, 5);
+  const auto with_raw = tree(out);
+  r = run_keel("prepare --input " + out + "/raw --output " + out + " --overwrite");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("lies inside --output"), std::string::npos) << r.output;
+  EXPECT_TRUE(tree(out) == with_raw);
+  fs::rename(fs::path(out) / "raw", d.path() / "raw_moved");
+  // The working directory itself cannot be renamed onto.
+  r = run_shell("cd " + out + " && " + KEEL_BINARY + " prepare --input " + d / "b" +
+                " --output . --overwrite");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the working directory"), std::string::npos) << r.output;
+  EXPECT_TRUE(tree(out) == before);
+
   r = run_keel("prepare --input " + d / "b" + " --output " + out + " --overwrite");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(tree(out) == before);
