@@ -1,7 +1,5 @@
 // The write side of Checkpointer: the commit protocol of checkpointer.h (staging directory,
 // every rank's files, MANIFEST last, one rename), in three steps.
-#include <fcntl.h>  // AT_FDCWD
-#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -16,6 +14,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/paths.h"
 
 namespace keel::checkpoint {
 namespace fs = std::filesystem;
@@ -116,13 +115,12 @@ uint64_t Checkpointer::commit(const fs::path& staging, int64_t step, bool stable
   write_new_file(staging / kManifest, manifest.dump(2) + "\n");
   fsync_dir(staging);
   const fs::path final_dir = dir_ / step_dir_name(step);
-  if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
-    // step_N exists already (saved again after a rollback or resume): swap atomically so a
-    // reader sees the old or the new checkpoint, then drop the old one (now at `staging`).
-    if (errno != EEXIST && errno != ENOTEMPTY) throw_io_error(final_dir, "rename failed", errno);
-    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
-      throw_io_error(final_dir, "rename (exchange) failed", errno);
-  }
+  // step_N may exist already (saved again after a rollback or resume): then the two are swapped
+  // so a reader sees the old or the new checkpoint, and the caller drops the old one (at
+  // `staging`).
+  bool exchanged = false;
+  if (const int err = rename_or_exchange(staging, final_dir, &exchanged); err != 0)
+    throw_io_error(final_dir, "rename failed", err);
   fsync_dir(dir_);
   return total_bytes;
 }

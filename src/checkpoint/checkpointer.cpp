@@ -59,20 +59,6 @@ std::optional<int64_t> parse_step_dir(const std::string& name) {
   return step;
 }
 
-// The pid of NAME.tmp-<pid>, if the name has that shape.
-std::optional<pid_t> tmp_owner(const std::string& name) {
-  auto pos = name.rfind(".tmp-");
-  if (pos == std::string::npos || pos + 5 >= name.size()) return std::nullopt;
-  long pid = 0;
-  for (size_t i = pos + 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || pid > 1'000'000'000) return std::nullopt;
-    pid = pid * 10 + (name[i] - '0');
-  }
-  return static_cast<pid_t>(pid);
-}
-
-bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
-
 struct Entry {
   fs::path path;
   std::string name;
@@ -563,9 +549,8 @@ void Checkpointer::remove_stale_tmp() {
   std::error_code ec;
   std::vector<fs::path> stale;
   for (const auto& de : fs::directory_iterator(dir_, ec)) {
-    auto pid = tmp_owner(de.path().filename().string());
     // Our own pid: nothing of ours is in flight when this runs (saves are serialized).
-    if (pid && (*pid == ::getpid() || !process_alive(*pid))) stale.push_back(de.path());
+    if (is_stale_tmp(de.path().filename().string())) stale.push_back(de.path());
   }
   for (const auto& p : stale) {
     log::info("ckpt", "removing leftover {}", p.string());

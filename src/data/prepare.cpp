@@ -164,11 +164,7 @@ void remove_stale_staging(const fs::path& output) {
   const std::string prefix = output.filename().string() + ".tmp-";
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno != EPERM)) remove_tree(e.path(), ec);
+    if (name.rfind(prefix, 0) == 0 && is_stale_tmp(name)) remove_tree(e.path(), ec);
   }
 }
 
@@ -184,13 +180,11 @@ void fsync_path(const fs::path& p) {
 void commit_dataset(const fs::path& staging, const fs::path& output) {
   for (const auto& e : fs::directory_iterator(staging)) fsync_path(e.path());
   fsync_path(staging);
-  if (::rename(staging.c_str(), output.c_str()) != 0) {
-    if (errno != EEXIST && errno != ENOTEMPTY)
-      throw DataError(output.string() +
-                      ": cannot move the new dataset into place: " + std::strerror(errno));
-    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) != 0)
-      throw DataError(output.string() +
-                      ": cannot swap in the new dataset: " + std::strerror(errno));
+  bool exchanged = false;
+  if (const int err = rename_or_exchange(staging, output, &exchanged); err != 0)
+    throw DataError(output.string() +
+                    ": cannot move the new dataset into place: " + std::strerror(err));
+  if (exchanged) {
     std::error_code ec;
     remove_tree(staging, ec);  // the old dataset, swapped out
   }
