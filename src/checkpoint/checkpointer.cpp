@@ -192,9 +192,8 @@ std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch:
 // (for stable: only those marked stable), with `use`, and returns the first it accepts. `use`
 // returns a VerifyResult; its problem is logged when a candidate is passed over.
 template <class Use>
-std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, const std::string& which,
-                                     Use use) {
-  const bool want_stable = which == "stable";
+std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, Pointer which, Use use) {
+  const bool want_stable = which == Pointer::kStable;
   const fs::path pointer = checkpoints_dir / (want_stable ? "STABLE" : "LATEST");
   std::string failure;
   fs::path named;
@@ -307,29 +306,29 @@ VerifyResult verify_checkpoint(const fs::path& dir) {
   return {true, ""};
 }
 
-std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir,
-                                           const std::string& which) {
-  if (which != "latest" && which != "stable") {
-    fs::path p = which;
-    std::error_code ec;
-    if (!fs::is_directory(p, ec))
-      throw CheckpointError(p.string() + ": no such checkpoint directory" + relative_note(p));
-    // A checkpoints directory (holds LATEST or step_*), not a checkpoint: take its latest.
-    if (!fs::exists(p / kManifest, ec) &&
-        (fs::exists(p / "LATEST", ec) || !list_checkpoints(p).empty())) {
-      auto r = resolve_checkpoint(p, "latest");
-      if (!r) throw CheckpointError(p.string() + ": holds no checkpoint that verifies");
-      return r;
-    }
-    VerifyResult v = verify_checkpoint(p);
-    if (!v.ok)
-      throw CheckpointError(
-          v.problem + "\nHINT: --resume latest falls back to the newest checkpoint that verifies");
-    return p;
-  }
+const char* name_of(Pointer which) { return which == Pointer::kStable ? "stable" : "latest"; }
 
+std::optional<fs::path> resolve_checkpoint(const fs::path& checkpoints_dir, Pointer which) {
   return first_usable(checkpoints_dir, which,
                       [](const fs::path& dir) { return verify_checkpoint(dir); });
+}
+
+fs::path resolve_named_checkpoint(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_directory(p, ec))
+    throw CheckpointError(p.string() + ": no such checkpoint directory" + relative_note(p));
+  // A checkpoints directory (holds LATEST or step_*), not a checkpoint: take its latest.
+  if (!fs::exists(p / kManifest, ec) &&
+      (fs::exists(p / "LATEST", ec) || !list_checkpoints(p).empty())) {
+    auto r = resolve_checkpoint(p, Pointer::kLatest);
+    if (!r) throw CheckpointError(p.string() + ": holds no checkpoint that verifies");
+    return *r;
+  }
+  VerifyResult v = verify_checkpoint(p);
+  if (!v.ok)
+    throw CheckpointError(
+        v.problem + "\nHINT: --resume latest falls back to the newest checkpoint that verifies");
+  return p;
 }
 
 nlohmann::json read_trainer_state(const fs::path& dir) {
@@ -442,7 +441,7 @@ void Checkpointer::promote_to_stable(int64_t step) {
   apply_retention();
 }
 
-std::optional<fs::path> Checkpointer::resolve(const std::string& which) {
+std::optional<fs::path> Checkpointer::resolve(Pointer which) {
   wait();
   return resolve_checkpoint(dir_, which);
 }
@@ -453,8 +452,7 @@ CheckpointData Checkpointer::load(const fs::path& dir) {
 }
 
 std::optional<LoadedCheckpoint> load_newest_checkpoint(const fs::path& checkpoints_dir,
-                                                       const std::string& which, int rank,
-                                                       int world_size) {
+                                                       Pointer which, int rank, int world_size) {
   std::optional<CheckpointData> data;
   auto path = first_usable(checkpoints_dir, which, [&](const fs::path& dir) -> VerifyResult {
     try {
@@ -474,7 +472,7 @@ std::optional<fs::path> newest_written_checkpoint(const fs::path& checkpoints_di
   return std::nullopt;
 }
 
-std::optional<LoadedCheckpoint> Checkpointer::load_newest(const std::string& which) {
+std::optional<LoadedCheckpoint> Checkpointer::load_newest(Pointer which) {
   wait();
   return load_newest_checkpoint(dir_, which, rank_, world_size_);
 }

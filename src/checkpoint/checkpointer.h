@@ -114,13 +114,22 @@ Manifest read_manifest(const std::filesystem::path& dir);
 // Checks MANIFEST, then every listed file's existence, size and xxh3. Reads every byte.
 VerifyResult verify_checkpoint(const std::filesystem::path& dir);
 
-// which = "latest" | "stable" | a checkpoint directory. For latest/stable: the pointer's target if
-// it verifies; otherwise (pointer missing, dangling or target corrupt) the most recently written
-// step_* that verifies (for "stable": that is also stable), with a warning naming what failed and
-// what is used. nullopt when there is none. A path is returned if it verifies; otherwise (missing,
-// corrupt) CheckpointError — the user named it, so silently using another one would be wrong.
+// The two pointers a checkpoints directory keeps: LATEST (the newest checkpoint) and STABLE (the
+// newest stable snapshot).
+enum class Pointer { kLatest, kStable };
+const char* name_of(Pointer which);  // "latest" | "stable"
+
+// The checkpoint `which` names in `checkpoints_dir`: the pointer's target if it verifies;
+// otherwise (pointer missing, dangling or target corrupt) the most recently written step_* that
+// verifies (for kStable: that is also stable), with a warning naming what failed and what is used.
+// nullopt when there is none.
 std::optional<std::filesystem::path> resolve_checkpoint(
-    const std::filesystem::path& checkpoints_dir, const std::string& which);
+    const std::filesystem::path& checkpoints_dir, Pointer which);
+
+// A directory the user named: a checkpoint (step_N), or a run's checkpoints directory (its
+// latest). Returned if it verifies; otherwise (missing, corrupt, holding none) CheckpointError —
+// the user named it, so silently using another one would be wrong.
+std::filesystem::path resolve_named_checkpoint(const std::filesystem::path& dir);
 
 // The trainer_state.json of a checkpoint (its checksum verified), without reading the tensors.
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
@@ -136,11 +145,11 @@ struct LoadedCheckpoint {
   CheckpointData data;
 };
 
-// which = latest|stable: the first candidate resolve_checkpoint would consider that loads, read
+// The first candidate resolve_checkpoint(checkpoints_dir, which) would consider that loads, read
 // (and so verified) once. nullopt when there is none. Reads only: a start checks what it would
 // resume from before it writes anything.
 std::optional<LoadedCheckpoint> load_newest_checkpoint(const std::filesystem::path& checkpoints_dir,
-                                                       const std::string& which, int rank = 0,
+                                                       Pointer which, int rank = 0,
                                                        int world_size = 1);
 // The most recently written checkpoint whose MANIFEST reads (not verified further), if any.
 std::optional<std::filesystem::path> newest_written_checkpoint(
@@ -178,11 +187,11 @@ class Checkpointer {
   void promote_to_stable(int64_t step);
 
   // See resolve_checkpoint / load_checkpoint; these wait for an in-flight save first.
-  std::optional<std::filesystem::path> resolve(const std::string& which);
+  std::optional<std::filesystem::path> resolve(Pointer which);
   CheckpointData load(const std::filesystem::path& dir);
-  // which = latest|stable: the first candidate resolve() would consider that loads, read (and so
-  // verified) once — a rollback does not hash the snapshot twice at its worst moment.
-  std::optional<LoadedCheckpoint> load_newest(const std::string& which);
+  // The first candidate resolve(which) would consider that loads, read (and so verified) once — a
+  // rollback does not hash the snapshot twice at its worst moment.
+  std::optional<LoadedCheckpoint> load_newest(Pointer which);
 
   // Moves every checkpoint newer than `step` (an abandoned timeline: the run went back to the
   // snapshot at `step`) into dir()/abandoned/<UTC time>-after-step_N/, so the new timeline's saves

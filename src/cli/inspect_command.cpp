@@ -65,7 +65,7 @@ int inspect(fs::path arg) {
     std::cout << describe_resume(arg, run_dir.empty() ? arg.parent_path() : run_dir);
   fs::path dir = arg;
   if (!fs::exists(arg / "MANIFEST.json", ec)) {
-    auto r = checkpoint::resolve_checkpoint(arg, "latest");
+    auto r = checkpoint::resolve_checkpoint(arg, checkpoint::Pointer::kLatest);
     if (!r) throw CheckpointError(arg.string() + ": no checkpoint here verifies (or none exists)");
     dir = *r;
   }

@@ -29,8 +29,8 @@ std::string describe_resume(const fs::path& checkpoints_dir, const fs::path& run
   if (!fs::is_directory(checkpoints_dir, ec)) return {};
   std::optional<fs::path> latest, stable;
   try {
-    latest = checkpoint::resolve_checkpoint(checkpoints_dir, "latest");
-    stable = checkpoint::resolve_checkpoint(checkpoints_dir, "stable");
+    latest = checkpoint::resolve_checkpoint(checkpoints_dir, checkpoint::Pointer::kLatest);
+    stable = checkpoint::resolve_checkpoint(checkpoints_dir, checkpoint::Pointer::kStable);
   } catch (const CheckpointError&) {
   }
   if (!latest && !stable) return {};

@@ -18,7 +18,7 @@ fs::path find_checkpoint_dir(const fs::path& arg) {
   if (fs::exists(arg / "MANIFEST.json", ec)) return arg;
   const fs::path checkpoints =
       fs::is_directory(arg / "checkpoints", ec) ? arg / "checkpoints" : arg;
-  auto found = checkpoint::resolve_checkpoint(checkpoints, "latest");
+  auto found = checkpoint::resolve_checkpoint(checkpoints, checkpoint::Pointer::kLatest);
   if (!found)
     throw CheckpointError(checkpoints.string() +
                           ": no checkpoint here verifies (or none exists); HINT: pass a step_N "

@@ -39,7 +39,7 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
     warn["signal"] = "screen";
     warn["masked_recently"] = masked_recently;
     warn["tail_allowance"] = tail_allowance;
-    warn["message"] = fmt::format(
+    const std::string message = fmt::format(
         "the screen masked {} samples in the last {} steps, more than the {} a natural tail of "
         "odd documents explains; this step {} of {} had a loss above {:.3f} ({:.1f}x the median "
         "per-sample loss {:.3f}; worst {:.3f}). They were left out of the update and set aside in "
@@ -47,17 +47,19 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
         "site's crawl)",
         masked_recently, screen_masked_.size(), tail_allowance, s.masked_losses.size(), s.samples,
         *s.screen_threshold, *s.screen_threshold / median, median, worst);
-    d.events.push_back({EventKind::kWarn, std::move(warn)});
+    d.events.push_back({EventKind::kWarn, std::move(warn), message});
+    d.events.back().about_screened_samples = true;
   }
   d.events.push_back({EventKind::kScreen, std::move(detail)});
+  d.events.back().about_screened_samples = true;
 }
 
 void Guard::watch_rates(const StepSignals& s, Decision& d) {
   const auto may_warn = [&] {
     return last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
   };
-  auto warn = [&](nlohmann::json detail) {
-    d.events.push_back({EventKind::kWarn, std::move(detail)});
+  auto warn = [&](nlohmann::json detail, std::string message) {
+    d.events.push_back({EventKind::kWarn, std::move(detail), std::move(message)});
     last_rate_warn_step_ = s.step;
   };
   // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
@@ -69,12 +71,12 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
     warn({{"signal", "clip_rate"},
           {"clip_rate", rate},
           {"window", cfg_.median_window},
-          {"threshold", cfg_.clip_rate_warn},
-          {"message", fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (warns "
-                                  "above {:.0f} %): look at the data (a bad region raises every "
-                                  "norm) or the schedule (lr too high for this batch); raising "
-                                  "optim.grad_clip only hides it",
-                                  rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100)}});
+          {"threshold", cfg_.clip_rate_warn}},
+         fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (warns "
+                     "above {:.0f} %): look at the data (a bad region raises every "
+                     "norm) or the schedule (lr too high for this batch); raising "
+                     "optim.grad_clip only hides it",
+                     rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100));
   }
   // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
   // mean the gradients keep leaving fp16's range.
@@ -85,13 +87,12 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
     warn({{"signal", "loss_scale"},
           {"loss_scale", *s.loss_scale},
           {"drops", drops},
-          {"window", cfg_.median_window},
-          {"message",
-           fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
-                       "gradients keep overflowing fp16; do not just lower the lr: look at the "
-                       "data first (a bad region raises gradients), then at growing activations; "
-                       "bf16 has the range fp16 lacks",
-                       drops, cfg_.median_window, *s.loss_scale)}});
+          {"window", cfg_.median_window}},
+         fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
+                     "gradients keep overflowing fp16; do not just lower the lr: look at the "
+                     "data first (a bad region raises gradients), then at growing activations; "
+                     "bf16 has the range fp16 lacks",
+                     drops, cfg_.median_window, *s.loss_scale));
 }
 
 std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
@@ -109,17 +110,15 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
     if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
       last_periodic_warn_step_ = step;
       const std::string layer = i < layer_names_.size() ? layer_names_[i] : "";
-      events.push_back(
-          {EventKind::kWarn,
-           {{"signal", "update_ratio"},
-            {"layer", layer},
-            {"update_ratio", update_ratios[i]},
-            {"threshold", cfg_.update_ratio_alarm},
-            {"message",
-             fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
-                         "{:.1f} %): the lr is high for these weights; look at the "
-                         "schedule",
-                         layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)}}});
+      events.push_back({EventKind::kWarn,
+                        {{"signal", "update_ratio"},
+                         {"layer", layer},
+                         {"update_ratio", update_ratios[i]},
+                         {"threshold", cfg_.update_ratio_alarm}},
+                        fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
+                                    "{:.1f} %): the lr is high for these weights; look at the "
+                                    "schedule",
+                                    layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)});
       break;
     }
   }
@@ -137,18 +136,17 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
     drifting = past_warmup && factor > kAttentionDriftFactor ? drifting + 1 : 0;
     if (may_warn && events.empty() && drifting >= kDriftPersistence) {
       last_periodic_warn_step_ = step;
-      events.push_back(
-          {EventKind::kWarn,
-           {{"signal", "attention_drift"},
-            {"layer", static_cast<int64_t>(i)},
-            {"attention_std", attention_std[i]},
-            {"trend", std::exp(trend)},
-            {"factor", factor},
-            {"log_steps", drifting},
-            {"message", fmt::format("attention output of layer {} is {:.1f}x its trend for {} "
+      events.push_back({EventKind::kWarn,
+                        {{"signal", "attention_drift"},
+                         {"layer", static_cast<int64_t>(i)},
+                         {"attention_std", attention_std[i]},
+                         {"trend", std::exp(trend)},
+                         {"factor", factor},
+                         {"log_steps", drifting}},
+                        fmt::format("attention output of layer {} is {:.1f}x its trend for {} "
                                     "log steps: look for growing attention logits (lr, "
                                     "qk_norm) or a shift in the data",
-                                    i, factor, drifting)}}});
+                                    i, factor, drifting)});
     }
     trend += kAttentionTrendWeight * (value - trend);
   }

@@ -26,6 +26,12 @@ nlohmann::json finite_or_null(double v) {
 
 }  // namespace
 
+nlohmann::json GuardEvent::record() const {
+  nlohmann::json out = detail;
+  if (!message.empty()) out["message"] = message;
+  return out;
+}
+
 Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
              int64_t warmup_steps, int64_t samples_per_step)
     : cfg_(cfg),
@@ -138,6 +144,7 @@ void Guard::escalate(const StepSignals& s, const std::string& reason, nlohmann::
   detail["reason"] = reason;
   detail["incident"] = incident.id;
   detail["alarm_in_incident"] = incident.alarms;
+  d.alarm_in_incident = incident.alarms;
   d.events.push_back({EventKind::kPause, std::move(detail)});
   d.action = Action::kPause;
   d.needs_diagnosis = true;
@@ -193,6 +200,7 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     }
     d.skip_ahead_steps = ahead;
     detail["rollback"] = incident.rollbacks + 1;
+    d.rollback = incident.rollbacks + 1;
     detail["skip_ahead_steps"] = ahead;
     d.action = Action::kPause;
   } else {
@@ -221,14 +229,13 @@ void Guard::accept_gradient_scale(const StepSignals& s, Decision& d) {
         {"batches", norm_only_skips_},
         {"loss", s.loss},
         {"loss_median", losses_.median()},
-        {"incident", open_ ? nlohmann::json(open_->id) : nlohmann::json(nullptr)},
-        {"message",
-         fmt::format("the gradient norm stayed above {:.0f}x its median {:.3g} on {} different "
-                     "batches in a row while the loss stayed at its median and the model was no "
-                     "worse on clean data: the model's gradient scale moved, not the data. This "
-                     "step is applied (clipped) and the grad-norm median restarts from {:.3g}; "
-                     "if this recurs, look at the lr schedule (warmup length, peak lr)",
-                     cfg_.pause_factor, norm_median, norm_only_skips_, s.grad_norm)}}});
+        {"incident", open_ ? nlohmann::json(open_->id) : nlohmann::json(nullptr)}},
+       fmt::format("the gradient norm stayed above {:.0f}x its median {:.3g} on {} different "
+                   "batches in a row while the loss stayed at its median and the model was no "
+                   "worse on clean data: the model's gradient scale moved, not the data. This "
+                   "step is applied (clipped) and the grad-norm median restarts from {:.3g}; "
+                   "if this recurs, look at the lr schedule (warmup length, peak lr)",
+                   cfg_.pause_factor, norm_median, norm_only_skips_, s.grad_norm)});
   d.action = Action::kApply;
   d.skip_reason = SkipReason::kNone;
   d.skip_ahead_steps = 0;
@@ -304,7 +311,7 @@ bool Guard::refuse_non_finite(const StepSignals& s, Decision& d) {
 
 // The warn that precedes every pause and carries its diagnosis (top layers, global or local), in
 // words a person reads in the log.
-nlohmann::json Guard::alarm_detail(const StepSignals& s, const AlarmLevels& a) const {
+GuardEvent Guard::alarm_warn(const StepSignals& s, const AlarmLevels& a) const {
   auto detail = layer_report(s);
   const bool norm_alarm = a.norm_ratio > cfg_.warn_factor;
   detail["alarm"] = norm_alarm ? "grad_norm" : "loss";
@@ -324,7 +331,7 @@ nlohmann::json Guard::alarm_detail(const StepSignals& s, const AlarmLevels& a) c
           ? "most layers rose together: look at this step's data (forensics, quarantine.jsonl) "
             "or the lr"
           : "a few layers rose: look at those modules";
-  detail["message"] =
+  std::string message =
       norm_alarm ? fmt::format(
                        "gradient norm {:.3g} is {:.1f}x its running median {:.3g} (warns above "
                        "{:.0f}x, pauses above {:.0f}x{}; loss {:.3f} against its median "
@@ -338,7 +345,7 @@ nlohmann::json Guard::alarm_detail(const StepSignals& s, const AlarmLevels& a) c
                        "{}; {}",
                        s.loss, a.loss_ratio, a.loss_median, a.loss_recent, s.grad_norm,
                        a.norm_median, layers.empty() ? "n/a" : layers, where);
-  return detail;
+  return {EventKind::kWarn, std::move(detail), std::move(message)};
 }
 
 Decision Guard::observe(const StepSignals& s) {
@@ -383,7 +390,7 @@ Decision Guard::observe(const StepSignals& s) {
   // alarmed: garbage data can raise the loss far more than the clipped-scale gradient norm.
   if (a.norm_ratio > cfg_.warn_factor || loss_pause) {
     note_alarm(s.step);
-    d.events.push_back({EventKind::kWarn, alarm_detail(s, a)});
+    d.events.push_back(alarm_warn(s, a));
   }
   if (norm_pause || loss_pause) {
     escalate(s, norm_pause ? "grad_norm" : "loss",

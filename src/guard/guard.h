@@ -75,10 +75,21 @@ struct StepSignals {
 enum class Action { kApply, kSkip, kPause, kAbort };
 
 // An event the guard decided on: warn, screen, skip_nan, overflow, pause, recovery_end,
-// incident_end or abort, with its detail as events.jsonl records it.
+// incident_end or abort. The trainer reads only the typed fields; record() is the detail
+// events.jsonl records, serialised here alone.
 struct GuardEvent {
+  GuardEvent(EventKind k, nlohmann::json d, std::string m = {})
+      : kind(k), detail(std::move(d)), message(std::move(m)) {}
+
   EventKind kind;
-  nlohmann::json detail;
+  nlohmann::json detail;  // the figures the event was decided on
+  std::string message;    // warn: the line a person reads in the log (empty otherwise)
+  // A screen event, or a warn about the screen: the trainer names the masked samples in it
+  // (name_samples).
+  bool about_screened_samples = false;
+
+  void name_samples(nlohmann::json top_samples) { detail["top_samples"] = std::move(top_samples); }
+  nlohmann::json record() const;
 };
 
 // Why a step's update was not applied.
@@ -102,6 +113,10 @@ struct Decision {
   // kPause: steps of data to set aside past the pause, besides the window since the snapshot.
   int64_t skip_ahead_steps = 0;
   SkipReason skip_reason = SkipReason::kNone;  // kSkip: why the update was not applied
+  // kPause, or kSkip within an incident: which alarm of the incident this is (1 = its first).
+  int64_t alarm_in_incident = 0;
+  // kPause with a rollback: which rollback of the incident it is (1 = its first).
+  int64_t rollback = 0;
 };
 
 class Guard {
@@ -174,7 +189,7 @@ class Guard {
   };
   bool absorb_overflow(const StepSignals& s, Decision& d);
   bool refuse_non_finite(const StepSignals& s, Decision& d);
-  nlohmann::json alarm_detail(const StepSignals& s, const AlarmLevels& a) const;
+  GuardEvent alarm_warn(const StepSignals& s, const AlarmLevels& a) const;
   struct Incident {
     int64_t id = 0;
     int64_t first_step = 0, first_iteration = 0;

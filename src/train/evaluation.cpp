@@ -45,7 +45,7 @@ double Trainer::State::evaluate() {
   if (loss_floor) rec.add("floor", *loss_floor);
   files.write_eval(counters.step, rec);
   // Eval time is not training time: keep it out of the next tokens/s figure.
-  window.start += std::chrono::duration_cast<Clock::duration>(Clock::now() - eval_start);
+  step_record->exclude(Clock::now() - eval_start);
   progress->finish();
   if (loss_floor)
     log::info("eval", "step {}: val_loss {:.4f} (floor {:.4f}, gap {:.4f})", counters.step,

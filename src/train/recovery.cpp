@@ -1,177 +1,179 @@
-// The guard's pause: forensics of the offending step, rollback to the newest stable snapshot,
-// quarantine of the data consumed since it, and the start of the recovery overlay.
-#include <filesystem>
-#include <fstream>
+#include "train/recovery.h"
+
+#include <fmt/format.h>
+
 #include <map>
 
-#include "checkpoint/tensor_file.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "train/trainer_state.h"
 
 namespace keel::train {
 namespace fs = std::filesystem;
 
-void Trainer::State::write_forensics(const nlohmann::json& signals) {
-  if (step_samples.losses.empty()) return;
-  // The top-k over every rank's samples (collectives: every rank takes part, rank 0 writes).
-  auto losses = comm.all_gather(torch::cat(step_samples.losses).to(device)).to(torch::kCPU);
-  auto ids =
-      comm.all_gather(torch::cat(step_samples.ids).to(device, torch::kInt64)).to(torch::kCPU);
-  auto tokens = comm.all_gather(torch::cat(step_samples.tokens).to(device)).to(torch::kCPU);
-  if (!comm.is_main()) return;
-  fs::path dir = fs::path(run_dir) / "forensics" / checkpoint::step_dir_name(counters.step);
-  std::error_code ec;
-  if (fs::exists(dir, ec)) dir += "-iter" + std::to_string(counters.iteration);
-  fs::create_directories(dir, ec);
-  if (ec) throw RecordError("cannot create " + dir.string() + ": " + ec.message());
-
-  int64_t k = std::min<int64_t>(cfg.stability.top_k_samples, losses.numel());
-  auto [top_losses, top_index] = losses.topk(k);
-  nlohmann::json samples = nlohmann::json::array();
-  for (int64_t i = 0; i < k; ++i) {
-    int64_t row = top_index[i].item<int64_t>();
-    samples.push_back({{"sample_id", ids[row].item<int64_t>()},
-                       {"loss", top_losses[i].item<double>()},
-                       {"text", train_data->decode(tokens[row])}});
-  }
-  nlohmann::json layers_json = nlohmann::json::object();
-  if (signals.contains("layer_grad_norms"))
-    for (size_t i = 0; i < layers->names().size(); ++i)
-      layers_json[layers->names()[i]] = signals["layer_grad_norms"][i];
-
-  // Decoded text need not be UTF-8 (byte-level data): invalid bytes are written as U+FFFD.
-  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
-  monitor::write_record_file((dir / "samples.json").string(),
-                             samples.dump(2, ' ', false, kReplace) + "\n");
-  monitor::write_record_file((dir / "layers.json").string(), layers_json.dump(2) + "\n");
-  monitor::write_record_file((dir / "signals.json").string(), signals.dump(2) + "\n");
-  checkpoint::TensorMap weights;
-  for (const auto& [name, p] : named_params) weights[name] = p.detach();
-  try {
-    checkpoint::write_safetensors(dir / "model.safetensors", weights,
-                                  {{"step", std::to_string(counters.step)}});
-  } catch (const CheckpointError& e) {
-    throw RecordError(std::string("forensics: ") + e.what());
-  }
-  log::warn("guard", "forensics of step {} in {} (top sample {} with loss {:.3f})", counters.step,
-            dir.string(), samples.empty() ? -1 : samples[0]["sample_id"].get<int64_t>(),
-            samples.empty() ? 0.0 : samples[0]["loss"].get<double>());
+void Recovery::write_forensics(const StepEvidence& step) const {
+  p_.forensics->write(*p_.counters, step.samples, step.verdict.signals, *p_.weights);
 }
 
-void Trainer::State::set_aside(int64_t micro_batches, const std::string& reason) {
+void Recovery::set_aside(int64_t micro_batches, const std::string& reason,
+                         const HostSamples& measured_now) {
   // The losses this step measured, by sample id, for the records of the samples it held.
   std::map<int64_t, double> measured;
-  for (size_t i = 0; i < host_samples.ids.size(); ++i)
-    measured[host_samples.ids[i]] = host_samples.losses[i];
+  for (size_t i = 0; i < measured_now.ids.size(); ++i)
+    measured[measured_now.ids[i]] = measured_now.losses[i];
   // Every rank skips its own part of the window; the record names every rank's samples.
   std::vector<torch::Tensor> local;
   for (int64_t n = 0; n < micro_batches; ++n)
-    local.push_back(train_data->next().sample_ids.to(torch::kInt64).reshape({-1}));
+    local.push_back(p_.train_data->next().sample_ids.to(torch::kInt64).reshape({-1}));
   if (local.empty()) return;
-  const auto ids = comm.all_gather(torch::cat(local).to(device)).to(torch::kCPU).contiguous();
+  const auto ids =
+      p_.comm->all_gather(torch::cat(local).to(p_.device)).to(torch::kCPU).contiguous();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int64_t id = ids.data_ptr<int64_t>()[i];
     const auto it = measured.find(id);
-    quarantine.record(id, counters, reason,
-                      it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
+    p_.quarantine->record(id, *p_.counters, reason,
+                          it != measured.end() ? std::optional<double>(it->second) : std::nullopt);
   }
 }
 
-// Within an incident whose rollbacks are spent, an alarming step is dropped: the update was never
-// applied, and its samples (those the screen kept; the masked ones are on record already) are set
-// aside so that a person can look at them.
-void Trainer::State::drop_step(const Verdict& v) {
-  for (const auto& e : v.decision.events) {
+void Recovery::drop_step(const StepEvidence& step) {
+  const guard::Decision& d = step.verdict.decision;
+  for (const auto& e : d.events) {
     if (e.kind != EventKind::kPause) continue;
-    event(EventKind::kPause, e.detail);
+    p_.guard_event(e);
     // Forensics of an incident's first alarm only: a long region must not fill the disk.
-    if (e.detail.value("alarm_in_incident", int64_t{0}) == 1) write_forensics(v.signals);
+    if (d.alarm_in_incident == 1) write_forensics(step);
   }
   // "alarm": the model was fine and the step's data set the alarm off; "incident_skip": the
   // incident's rollbacks were spent.
-  const std::string reason =
-      v.decision.skip_reason == guard::SkipReason::kData ? "alarm" : "incident_skip";
-  for (size_t i = 0; i < host_samples.ids.size(); ++i)
-    if (host_samples.kept[i])
-      quarantine.record(host_samples.ids[i], counters, reason, host_samples.losses[i],
-                        {{"incident", v.decision.incident}});
-  counters.set_aside(cfg.data.grad_accum_steps, 0);
+  const std::string reason = d.skip_reason == guard::SkipReason::kData ? "alarm" : "incident_skip";
+  for (size_t i = 0; i < step.host.ids.size(); ++i)
+    if (step.host.kept[i])
+      p_.quarantine->record(step.host.ids[i], *p_.counters, reason, step.host.losses[i],
+                            {{"incident", d.incident}});
+  p_.counters->set_aside(p_.cfg->data.grad_accum_steps, 0);
 }
 
-void Trainer::State::pause_and_rollback(const Verdict& verdict) {
-  const auto& events = verdict.decision.events;
-  nlohmann::json detail = nlohmann::json::object();
-  for (const auto& e : events)
-    if (e.kind == EventKind::kPause) detail = e.detail;
-  event(EventKind::kPause, detail);
-  write_forensics(verdict.signals);
+void Recovery::rollback(const StepEvidence& step) {
+  const config::Config& cfg = *p_.cfg;
+  TrainCounters& counters = *p_.counters;
+  const guard::Decision& d = step.verdict.decision;
+  for (const auto& e : d.events)
+    if (e.kind == EventKind::kPause) p_.guard_event(e);
+  write_forensics(step);
   // Read (and so verified) once: the newest stable snapshot that loads.
-  auto target = checkpointer->load_newest("stable");
+  auto target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable);
   if (!target)
     throw RunStopped("pause at step " + std::to_string(counters.step) +
                      " but no stable snapshot exists to roll back to");
 
   const int64_t from_step = counters.step;
+  const int64_t world = p_.comm->world_size();
   const int64_t stable_micro =
-      TrainCounters::from_json(target->data.trainer_state, cfg.data.micro_batch_size,
-                               comm.world_size())
+      TrainCounters::from_json(target->data.trainer_state, cfg.data.micro_batch_size, world)
           .micro_taken;
   // Data moves forward, the model goes back: with skip_data the window consumed since the stable
-  // snapshot (which held the offending samples) is never trained on again. The fp16 loss scale
-  // stays as the scaler has learned it: going back to an old scale would replay its overflows.
+  // snapshot (which held the offending samples) is never trained on again.
   const bool replay = !cfg.stability.rollback.skip_data;
-  std::map<std::string, torch::Tensor> scale;
-  if (scaler) scale = scaler->state_dict();
-  restore(target->data, /*restore_data=*/replay, /*restore_guard=*/false);
-  if (scaler) scaler->load_state_dict(scale);
+  p_.restore(target->data, /*restore_data=*/replay);
   nlohmann::json set_aside_detail = nullptr;
   if (!replay) {
     // The window since the stable snapshot (which held the offending samples) is set aside, each
     // sample on record, plus the incident's skip-ahead; all count as taken, so the consumed-vs-
     // steps cross-check still holds and a resumed run skips the same window.
-    const int64_t ahead = verdict.decision.skip_ahead_steps * cfg.data.grad_accum_steps;
+    const int64_t ahead = d.skip_ahead_steps * cfg.data.grad_accum_steps;
     const int64_t window = counters.micro_taken - stable_micro;
-    train_data->load_state(target->data.trainer_state.at("data"));
-    set_aside(window + ahead, "rollback");
+    p_.train_data->load_state(target->data.trainer_state.at("data"));
+    set_aside(window + ahead, "rollback", step.host);
     counters.set_aside(window, ahead);
     const int64_t micro = counters.micro_taken - stable_micro;
     set_aside_detail = {{"micro_batches", micro},
-                        {"samples", micro * cfg.data.micro_batch_size * comm.world_size()},
+                        {"samples", micro * cfg.data.micro_batch_size * world},
                         {"first_position", stable_micro},
                         {"end_position", counters.micro_taken},
                         {"skipped_ahead", ahead}};
   }
   // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
-  checkpointer->abandon_after(counters.step);
-  files.replay_from(counters.step + 1);
+  p_.checkpointer->abandon_after(counters.step);
+  p_.files->replay_from(counters.step + 1);
   const auto& saved = target->data.trainer_state;
-  guard->rolled_back(counters.step, saved.contains("guard") ? saved.at("guard") : nlohmann::json());
-  event(EventKind::kRollback, {{"from_step", from_step},
-                               {"to_step", counters.step},
-                               {"incident", verdict.decision.incident},
-                               {"checkpoint", target->path.string()},
-                               {"quarantine", set_aside_detail}});
+  p_.guard->rolled_back(counters.step,
+                        saved.contains("guard") ? saved.at("guard") : nlohmann::json());
+  p_.event(EventKind::kRollback, {{"from_step", from_step},
+                                  {"to_step", counters.step},
+                                  {"incident", d.incident},
+                                  {"checkpoint", target->path.string()},
+                                  {"quarantine", set_aside_detail}});
   const int64_t recovery = cfg.stability.recovery.steps;  // resolved in config
-  event(EventKind::kRecoveryStart, {{"steps", recovery},
-                                    {"lr_factor", cfg.stability.recovery.lr_factor},
-                                    {"until_step", counters.step + recovery},
-                                    {"incident", verdict.decision.incident}});
+  p_.event(EventKind::kRecoveryStart, {{"steps", recovery},
+                                       {"lr_factor", cfg.stability.recovery.lr_factor},
+                                       {"until_step", counters.step + recovery},
+                                       {"incident", d.incident}});
   // An incident's second or third rollback says so: the same line twice reads as a repeated log.
-  const int64_t nth = detail.value("rollback", int64_t{1});
+  const int64_t nth = std::max<int64_t>(d.rollback, 1);
   static const char* const kOrdinal[] = {"first", "second", "third"};
-  const std::string which = nth >= 1 && nth <= 3 ? kOrdinal[nth - 1] : std::to_string(nth) + "th";
-  log::warn(
-      "guard",
-      "incident {}: rolled back from step {} to stable step {} ({} rollback of at most {}{}); "
-      "recovering at {} x lr for {} steps",
-      verdict.decision.incident, from_step, counters.step, which,
-      cfg.stability.rollback.max_rollbacks,
-      verdict.decision.skip_ahead_steps > 0
-          ? fmt::format(", the data {} steps further ahead set aside too",
-                        verdict.decision.skip_ahead_steps)
-          : std::string(),
-      cfg.stability.recovery.lr_factor, recovery);
+  const std::string which = nth <= 3 ? kOrdinal[nth - 1] : std::to_string(nth) + "th";
+  log::warn("guard",
+            "incident {}: rolled back from step {} to stable step {} ({} rollback of at most "
+            "{}{}); recovering at {} x lr for {} steps",
+            d.incident, from_step, counters.step, which, cfg.stability.rollback.max_rollbacks,
+            d.skip_ahead_steps > 0
+                ? fmt::format(", the data {} steps further ahead set aside too", d.skip_ahead_steps)
+                : std::string(),
+            cfg.stability.recovery.lr_factor, recovery);
+}
+
+void Recovery::begin_resume(const fs::path& snapshot, const std::string& reason,
+                            const std::optional<Heartbeat>& crash, ResumeData data) {
+  const config::Config& cfg = *p_.cfg;
+  TrainCounters& counters = *p_.counters;
+  const TrainCounters resumed = counters;
+  // Where the abandoned timeline got to: the newest checkpoint, or the crash if it got further.
+  TrainCounters reached = resumed;
+  std::string newest_name;
+  if (auto newest = p_.checkpointer->newest_written(); newest && *newest != snapshot) {
+    reached = TrainCounters::from_json(checkpoint::read_trainer_state(*newest),
+                                       cfg.data.micro_batch_size, p_.comm->world_size());
+    newest_name = newest->string();
+  }
+  if (crash && crash->micro_taken >= reached.micro_taken) {
+    // The step in flight when it died is set aside too: its data may be what kills the process.
+    reached.step = crash->step;
+    reached.iteration = crash->iteration + 1;
+    reached.micro_taken = crash->micro_taken + cfg.data.grad_accum_steps;
+  }
+  const int64_t discarded = std::max<int64_t>(reached.step - resumed.step, 0);
+  const int64_t window = std::max<int64_t>(reached.micro_taken - resumed.micro_taken, 0);
+  const bool skip = data == ResumeData::kSkip;
+  if (skip && window > 0) {
+    set_aside(window, reason, HostSamples());
+    counters.set_aside(0, window);
+  }
+  // Attempts only move forward: faults keyed to them are not replayed.
+  counters.catch_up_iteration(reached.iteration);
+  const auto moved = p_.checkpointer->abandon_after(resumed.step);
+  const int64_t quarantined = skip ? window * cfg.data.micro_batch_size * p_.comm->world_size() : 0;
+  nlohmann::json detail = {{"reason", reason},
+                           {"checkpoint", snapshot.string()},
+                           {"abandoned_from_step", reached.step},
+                           {"discarded_steps", discarded},
+                           {"data", skip ? "skip" : "replay"},
+                           {"quarantined_samples", quarantined},
+                           {"steps", cfg.stability.recovery.steps},
+                           {"lr_factor", cfg.stability.recovery.lr_factor},
+                           {"until_step", resumed.step + cfg.stability.recovery.steps}};
+  if (!newest_name.empty()) detail["newest_checkpoint"] = newest_name;
+  if (!moved.empty()) detail["abandoned_timeline"] = moved.string();
+  if (!p_.guard) {
+    log::warn("ckpt", "{}: stability.enabled is false, so there is no recovery overlay", reason);
+    return;
+  }
+  p_.guard->start_recovery(resumed.step);
+  p_.event(EventKind::kRecoveryStart, detail);
+  log::warn("ckpt",
+            "{}: resumed at step {} (abandoning {} step(s) up to {}), {} the data in between, "
+            "recovering at {} x lr for {} steps",
+            reason, resumed.step, discarded, reached.step, skip ? "skipping" : "replaying",
+            cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
 }
 
 }  // namespace keel::train

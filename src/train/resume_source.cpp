@@ -115,21 +115,21 @@ std::optional<ResumeSource> find_resume_source(const fs::path& checkpoints_dir,
   if (!request.requested()) return std::nullopt;
   ResumeSource source;
   if (request.kind == Kind::kPath) {
-    auto path = checkpoint::resolve_checkpoint(checkpoints_dir, request.path.string());
-    if (!path) throw CheckpointError("--resume " + request.path.string() + ": no such checkpoint");
-    source.path = *path;
-    source.data = checkpoint::load_checkpoint(*path, rank, world_size);
+    source.path = checkpoint::resolve_named_checkpoint(request.path);
+    source.data = checkpoint::load_checkpoint(source.path, rank, world_size);
     source.mode = request.path.string();
     return source;
   }
-  std::string which = request.name();
+  using checkpoint::Pointer;
+  Pointer which = request.kind == Kind::kStable ? Pointer::kStable : Pointer::kLatest;
   // A restart loop that meets the same crash again: twice dead at one step since the newest
   // checkpoint means resuming from it would die a third time.
   if (request.kind == Kind::kLatest) {
     if (auto newest = checkpoint::newest_written_checkpoint(checkpoints_dir)) {
       const int64_t newest_step = checkpoint::read_manifest(*newest).step;
       source.crash = crash_loop_after(read_abnormal_ends(run_dir), newest_step);
-      if (source.crash && !checkpoint::resolve_checkpoint(checkpoints_dir, "stable")) {
+      if (source.crash &&
+          !checkpoint::resolve_checkpoint(checkpoints_dir, checkpoint::Pointer::kStable)) {
         log::warn("ckpt",
                   "the run ended abnormally twice at step {} since checkpoint step {}, but there "
                   "is no stable snapshot to fall back to: resuming from the newest checkpoint",
@@ -141,19 +141,20 @@ std::optional<ResumeSource> find_resume_source(const fs::path& checkpoints_dir,
                   "the run ended abnormally twice at step {} since checkpoint step {}: resuming "
                   "from the newest stable snapshot instead, as a recovery",
                   source.crash->step, newest_step);
-        which = "stable";
+        which = Pointer::kStable;
       }
     }
   }
   auto loaded = checkpoint::load_newest_checkpoint(checkpoints_dir, which, rank, world_size);
   if (!loaded) {
-    log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", which,
+    log::info("ckpt", "no {} checkpoint in {} yet: starting fresh", checkpoint::name_of(which),
               checkpoints_dir.string());
     return std::nullopt;
   }
   source.path = loaded->path;
   source.data = std::move(loaded->data);
-  source.mode = which;
+  source.pointer = which;
+  source.mode = checkpoint::name_of(which);
   return source;
 }
 

@@ -18,7 +18,9 @@ namespace keel::train {
 struct ResumeSource {
   std::filesystem::path path;       // the checkpoint directory
   checkpoint::CheckpointData data;  // read and verified once
-  std::string mode;                 // latest | stable | the path given (after a crash loop: stable)
+  // The pointer it was found by (after a crash loop: stable); nullopt for a path the user gave.
+  std::optional<checkpoint::Pointer> pointer;
+  std::string mode;  // as the record names it: latest | stable | the path given
   // A restart loop that met the same crash twice since the newest checkpoint: `latest` became a
   // recovery from the newest stable snapshot, and this is where the run died.
   std::optional<Heartbeat> crash;

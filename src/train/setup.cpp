@@ -239,10 +239,15 @@ void Trainer::State::open_record() {
   if (comm.is_main()) history = RunHistory(run_dir, options.resume.name());
   quarantine = Quarantine(files.quarantine, *train_data);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
+  step_record = std::make_unique<StepRecord>(files, *progress, cfg.run.max_steps, tokens_per_step,
+                                             loss_floor);
   const int rank = comm.rank(), world = comm.world_size();
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
       config::checkpoint_dir(cfg, run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
       checkpoint::xxh3_hex_of(resolved_yaml), [this] { comm.barrier(); });
+  forensics = std::make_unique<Forensics>(run_dir, cfg.stability.top_k_samples, layers->names(),
+                                          comm, device, *train_data);
+  recovery = std::make_unique<Recovery>(recovery_parts());
 
   log::info("train", "run directory {}", run_dir);
   log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}",

@@ -1,6 +1,7 @@
 // Checkpoint capture and restore for the trainer: what a checkpoint holds beyond the tensors
 // (counters, data position, guard state, RNG) and the rules for resuming.
 #include <filesystem>
+#include <map>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -146,62 +147,37 @@ void Trainer::State::record_resume() {
                                   {"died_at_iteration", source.crash->iteration + 1},
                                   {"abnormal_ends", 2}});
   if (source.crash || on_resume == config::ResumeRecovery::kAlways ||
-      (on_resume == config::ResumeRecovery::kStable && source.mode == "stable"))
-    begin_resume_recovery(source.path, source.crash ? "crash_loop" : "resume_" + source.mode,
-                          source.crash);
+      (on_resume == config::ResumeRecovery::kStable &&
+       source.pointer == checkpoint::Pointer::kStable))
+    recovery->begin_resume(source.path, source.crash ? "crash_loop" : "resume_" + source.mode,
+                           source.crash, options.resume_data);
   resume_source.reset();  // its tensors are in the model and optimizer now
 }
 
-void Trainer::State::begin_resume_recovery(const fs::path& snapshot, const std::string& reason,
-                                           const std::optional<Heartbeat>& crash) {
-  const TrainCounters resumed = counters;
-  // Where the abandoned timeline got to: the newest checkpoint, or the crash if it got further.
-  TrainCounters reached = resumed;
-  std::string newest_name;
-  if (auto newest = checkpointer->newest_written(); newest && *newest != snapshot) {
-    reached = TrainCounters::from_json(checkpoint::read_trainer_state(*newest),
-                                       cfg.data.micro_batch_size, comm.world_size());
-    newest_name = newest->string();
-  }
-  if (crash && crash->micro_taken >= reached.micro_taken) {
-    // The step in flight when it died is set aside too: its data may be what kills the process.
-    reached.step = crash->step;
-    reached.iteration = crash->iteration + 1;
-    reached.micro_taken = crash->micro_taken + cfg.data.grad_accum_steps;
-  }
-  const int64_t discarded = std::max<int64_t>(reached.step - resumed.step, 0);
-  const int64_t window = std::max<int64_t>(reached.micro_taken - resumed.micro_taken, 0);
-  const bool skip = options.resume_data == ResumeData::kSkip;
-  if (skip && window > 0) {
-    set_aside(window, reason);
-    counters.set_aside(0, window);
-  }
-  // Attempts only move forward: faults keyed to them are not replayed.
-  counters.catch_up_iteration(reached.iteration);
-  const auto moved = checkpointer->abandon_after(resumed.step);
-  nlohmann::json detail = {
-      {"reason", reason},
-      {"checkpoint", snapshot.string()},
-      {"abandoned_from_step", reached.step},
-      {"discarded_steps", discarded},
-      {"data", skip ? "skip" : "replay"},
-      {"quarantined_samples", skip ? window * cfg.data.micro_batch_size * comm.world_size() : 0},
-      {"steps", cfg.stability.recovery.steps},
-      {"lr_factor", cfg.stability.recovery.lr_factor},
-      {"until_step", resumed.step + cfg.stability.recovery.steps}};
-  if (!newest_name.empty()) detail["newest_checkpoint"] = newest_name;
-  if (!moved.empty()) detail["abandoned_timeline"] = moved.string();
-  if (!guard) {
-    log::warn("ckpt", "{}: stability.enabled is false, so there is no recovery overlay", reason);
-    return;
-  }
-  guard->start_recovery(resumed.step);
-  event(EventKind::kRecoveryStart, detail);
-  log::warn("ckpt",
-            "{}: resumed at step {} (abandoning {} step(s) up to {}), {} the data in between, "
-            "recovering at {} x lr for {} steps",
-            reason, resumed.step, discarded, reached.step, skip ? "skipping" : "replaying",
-            cfg.stability.recovery.lr_factor, cfg.stability.recovery.steps);
+RecoveryParts Trainer::State::recovery_parts() {
+  RecoveryParts p;
+  p.cfg = &cfg;
+  p.comm = &comm;
+  p.device = device;
+  p.checkpointer = checkpointer.get();
+  p.train_data = train_data.get();
+  p.quarantine = &quarantine;
+  p.files = &files;
+  p.counters = &counters;
+  p.guard = guard.get();
+  p.forensics = forensics.get();
+  p.event = [this](EventKind kind, const nlohmann::json& detail) { event(kind, detail); };
+  p.guard_event = [this](const guard::GuardEvent& e) { event(e); };
+  p.restore = [this](const checkpoint::CheckpointData& data, bool restore_data) {
+    // The fp16 loss scale stays as the scaler has learned it: going back to an old scale would
+    // replay its overflows.
+    std::map<std::string, torch::Tensor> scale;
+    if (scaler) scale = scaler->state_dict();
+    restore(data, restore_data, /*restore_guard=*/false);
+    if (scaler) scaler->load_state_dict(scale);
+  };
+  p.weights = &named_params;
+  return p;
 }
 
 }  // namespace keel::train

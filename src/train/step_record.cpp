@@ -1,5 +1,5 @@
-// The record of applied steps: one metrics line (and the progress line) per logging window, with
-// the seed's data statistics, and the consumed-vs-steps cross-check that runs with it.
+// The record of applied steps (step_record.h), the trainer's figures for it, and the
+// consumed-vs-steps cross-check that runs at log steps with it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "train/step_record.h"
 #include "train/trainer_state.h"
 
 namespace keel::train {
@@ -24,14 +25,13 @@ double quantile(std::vector<double>& v, double q) {
 
 }  // namespace
 
-// The seed's continuous data statistics for the step just applied: its per-sample loss
-// distribution, the lengths of the documents its windows start in, and its bucket (cluster) mix.
-nlohmann::json Trainer::State::data_statistics() const {
+nlohmann::json data_statistics(const std::vector<double>& kept_losses,
+                               const std::vector<int64_t>& doc_lengths,
+                               const std::vector<int64_t>& buckets) {
   nlohmann::json out = nlohmann::json::object();
   std::vector<double> losses;
-  for (size_t i = 0; i < host_samples.losses.size(); ++i)
-    if (host_samples.kept[i] && std::isfinite(host_samples.losses[i]))
-      losses.push_back(host_samples.losses[i]);
+  for (double l : kept_losses)
+    if (std::isfinite(l)) losses.push_back(l);
   if (!losses.empty()) {
     const double mean = std::accumulate(losses.begin(), losses.end(), 0.0) / losses.size();
     const double max = *std::max_element(losses.begin(), losses.end());
@@ -40,16 +40,14 @@ nlohmann::json Trainer::State::data_statistics() const {
                           {"p99", quantile(losses, 0.99)},
                           {"max", max}};
   }
-  if (!step_samples.doc_lengths.empty()) {
-    const auto lengths = torch::cat(step_samples.doc_lengths).to(torch::kFloat64).contiguous();
-    std::vector<double> v(lengths.data_ptr<double>(), lengths.data_ptr<double>() + lengths.numel());
-    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / std::max<size_t>(v.size(), 1);
+  if (!doc_lengths.empty()) {
+    std::vector<double> v(doc_lengths.begin(), doc_lengths.end());
+    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
     out["doc_len"] = {{"mean", mean}, {"p95", quantile(v, 0.95)}};
   }
-  if (!step_samples.buckets.empty()) {
-    const auto buckets = torch::cat(step_samples.buckets).contiguous();
+  if (!buckets.empty()) {
     std::map<int64_t, int64_t> mix;
-    for (int64_t i = 0; i < buckets.numel(); ++i) ++mix[buckets.data_ptr<int64_t>()[i]];
+    for (int64_t b : buckets) ++mix[b];
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [bucket, count] : mix) j[std::to_string(bucket)] = count;
     out["bucket_mix"] = j;
@@ -57,19 +55,76 @@ nlohmann::json Trainer::State::data_statistics() const {
   return out;
 }
 
-// One metrics line (and the progress line) for the logging window that ends with this step.
-// `update_ratios` is {total, per layer...} from apply_update.
+void StepRecord::write(const StepFigures& f) {
+  last_loss_ = f.loss;
+  const LogWindow& w = window_;
+  const double elapsed = seconds_since(w.start);
+  const int64_t steps = std::max<int64_t>(w.steps, 1);
+  const double tokens_per_s = w.steps * tokens_per_step_ / std::max(elapsed, 1e-9);
+  const double step_ms = elapsed * 1e3 / steps;
+
+  monitor::JsonRecord rec;
+  rec.add("step", f.step)
+      .add("loss", f.loss)
+      .add("lr", f.lr)
+      .add("grad_norm", f.grad_norm)
+      .add("grad_norm_median", f.grad_norm_median)
+      .add("clipped", f.grad_norm > f.clip_bound)
+      .add("clip_bound", f.clip_bound)
+      .add("update_ratio", f.update_ratio)
+      .add("tokens_per_s", tokens_per_s)
+      .add("step_ms", step_ms)
+      .add("loader_wait_ms", w.loader_wait_s * 1e3 / steps)
+      .add("guard_ms", w.guard_s * 1e3 / steps)
+      .add("queue_depth", f.queue_depth);
+  if (f.guarded) rec.add("clip_rate", static_cast<double>(w.clipped) / steps);
+  if (f.loss_scale) rec.add("loss_scale", *f.loss_scale);
+  if (f.several_ranks) rec.add("comm_ms", w.comm_s * 1e3 / steps);
+  rec.add("tokens_seen", f.tokens_seen).add("samples_seen", f.samples_seen);
+  if (f.guarded) {
+    nlohmann::json per_layer = nlohmann::json::object(), layer_norms = nlohmann::json::object();
+    for (const auto& [name, ratio] : f.layer_update_ratios) per_layer[name] = ratio;
+    for (const auto& [name, norm] : f.layer_grad_norms) layer_norms[name] = norm;
+    rec.add("update_ratio_layers", per_layer).add("grad_norm_layers", layer_norms);
+    rec.add("skipped_steps", w.skipped).add("masked_samples", w.masked);
+    if (f.screen_threshold) rec.add("screen_threshold", *f.screen_threshold);
+    for (const auto& [key, value] : f.data_statistics.items()) rec.add(key, value);
+    if (f.in_recovery) rec.add("recovery", true);
+  }
+  files_->write_metrics(f.step, rec);
+
+  monitor::ProgressSample ps;
+  ps.step = f.step;
+  ps.max_steps = max_steps_;
+  ps.loss = f.loss;
+  ps.lr = f.lr;
+  ps.grad_norm = f.grad_norm;
+  ps.tokens_per_s = tokens_per_s;
+  ps.step_ms = step_ms;
+  ps.loss_floor = loss_floor_.value_or(-1.0);
+  ps.tokens_seen = f.tokens_seen;
+  progress_->update(ps);
+  window_ = LogWindow();
+}
+
+namespace {
+
+std::vector<int64_t> to_vector(const std::vector<torch::Tensor>& parts) {
+  if (parts.empty()) return {};
+  const auto t = torch::cat(parts).to(torch::kInt64).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+}  // namespace
+
+// The figures of the step that closes the logging window, and the guard's periodic signals
+// (update ratios, attention drift), whose warnings follow the metrics line. `update_ratios` is
+// {total, per layer...} from apply_update.
 void Trainer::State::record_step(const StepResult& r, double lr,
                                  const std::vector<double>& update_ratios) {
-  last_loss = r.loss.item<double>();
-  const double norm = r.grad_norm.item<double>();
-  const double elapsed = seconds_since(window.start);
-  const int64_t steps = std::max<int64_t>(window.steps, 1);
-  const double tokens_per_s = window.steps * tokens_per_step / std::max(elapsed, 1e-9);
-  const double step_ms = elapsed * 1e3 / steps;
+  LogWindow& window = step_record->window();
   const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
   data::LoaderStats loader = train_data->take_stats();
-  // The guard's periodic signals (update ratios, attention drift) count toward its time too.
   std::vector<guard::GuardEvent> periodic;
   if (guard) {
     const auto start = Clock::now();
@@ -79,53 +134,36 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   if (loader.waits > 0)
     event(EventKind::kLoaderWait, {{"wait_ms", loader.wait_ms}, {"waits", loader.waits}});
 
-  monitor::JsonRecord rec;
-  rec.add("step", counters.step)
-      .add("loss", last_loss)
-      .add("lr", lr)
-      .add("grad_norm", norm)
-      .add("grad_norm_median", guard ? guard->grad_norm_median() : grad_norm_window->median())
-      .add("clipped", norm > r.clip_bound)
-      .add("clip_bound", r.clip_bound)
-      .add("update_ratio", update_ratios.front())
-      .add("tokens_per_s", tokens_per_s)
-      .add("step_ms", step_ms)
-      .add("loader_wait_ms", window.loader_wait_s * 1e3 / steps)
-      .add("guard_ms", window.guard_s * 1e3 / steps)
-      .add("queue_depth", loader.queue_depth);
-  if (guard) rec.add("clip_rate", static_cast<double>(window.clipped) / steps);
-  if (scaler) rec.add("loss_scale", scaler->scale().item<double>());
-  if (comm.is_process_group()) rec.add("comm_ms", window.comm_s * 1e3 / steps);
-  const int64_t samples = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
-  rec.add("tokens_seen", samples * cfg.model.seq_len).add("samples_seen", samples);
+  StepFigures f;
+  f.step = counters.step;
+  f.loss = r.loss.item<double>();
+  f.lr = lr;
+  f.grad_norm = r.grad_norm.item<double>();
+  f.grad_norm_median = guard ? guard->grad_norm_median() : grad_norm_window->median();
+  f.clip_bound = r.clip_bound;
+  f.update_ratio = update_ratios.front();
+  f.queue_depth = loader.queue_depth;
+  f.samples_seen = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
+  f.tokens_seen = f.samples_seen * cfg.model.seq_len;
+  if (scaler) f.loss_scale = scaler->scale().item<double>();
+  f.several_ranks = comm.is_process_group();
   if (guard) {
-    nlohmann::json per_layer = nlohmann::json::object(), layer_norms = nlohmann::json::object();
+    f.guarded = true;
+    const auto& names = layers->names();
     for (size_t i = 0; i < layer_ratios.size(); ++i)
-      per_layer[layers->names()[i]] = layer_ratios[i];
-    for (size_t i = 0; i < last_layer_grad_norms.size() && i < layers->names().size(); ++i)
-      layer_norms[layers->names()[i]] = last_layer_grad_norms[i];
-    rec.add("update_ratio_layers", per_layer).add("grad_norm_layers", layer_norms);
-    rec.add("skipped_steps", window.skipped).add("masked_samples", window.masked);
-    if (r.screen_threshold) rec.add("screen_threshold", *r.screen_threshold);
-    const nlohmann::json statistics = data_statistics();
-    for (auto& [key, value] : statistics.items()) rec.add(key, value);
-    if (guard->in_recovery(counters.step)) rec.add("recovery", true);
+      f.layer_update_ratios.emplace_back(names[i], layer_ratios[i]);
+    for (size_t i = 0; i < last_layer_grad_norms.size() && i < names.size(); ++i)
+      f.layer_grad_norms.emplace_back(names[i], last_layer_grad_norms[i]);
+    f.screen_threshold = r.screen_threshold;
+    std::vector<double> kept;
+    for (size_t i = 0; i < host_samples.losses.size(); ++i)
+      if (host_samples.kept[i]) kept.push_back(host_samples.losses[i]);
+    f.data_statistics =
+        data_statistics(kept, to_vector(step_samples.doc_lengths), to_vector(step_samples.buckets));
+    f.in_recovery = guard->in_recovery(counters.step);
   }
-  files.write_metrics(counters.step, rec);
-  for (auto& e : periodic) event(e.kind, e.detail);
-
-  monitor::ProgressSample ps;
-  ps.step = counters.step;
-  ps.max_steps = cfg.run.max_steps;
-  ps.loss = last_loss;
-  ps.lr = lr;
-  ps.grad_norm = norm;
-  ps.tokens_per_s = tokens_per_s;
-  ps.step_ms = step_ms;
-  ps.loss_floor = loss_floor.value_or(-1.0);
-  ps.tokens_seen = samples * cfg.model.seq_len;
-  progress->update(ps);
-  window.reset();
+  step_record->write(f);
+  for (const auto& e : periodic) event(e);
 }
 
 // The samples the loader took from the data order must match what the trainer asked for: a

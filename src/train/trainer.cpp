@@ -47,26 +47,28 @@ void Trainer::State::event(EventKind kind, const nlohmann::json& detail) {
   rec.add("step", counters.step).add("kind", name_of(kind)).add("iteration", counters.iteration);
   if (!detail.empty()) rec.add("detail", detail);
   files.write_event(counters.step, name_of(kind), rec);
+}
+
+void Trainer::State::event(const guard::GuardEvent& e) {
+  event(e.kind, e.record());
   // A warning only in events.jsonl is a warning nobody reads: the console gets it too.
-  if (kind == EventKind::kWarn && comm.is_main()) {
+  if (e.kind == EventKind::kWarn && comm.is_main()) {
     if (progress) progress->finish();
-    const auto message = detail.is_object() && detail.contains("message")
-                             ? detail["message"].get<std::string>()
-                             : detail.dump();
-    log::warn("guard", "step {}: {}", counters.step, message);
+    log::warn("guard", "step {}: {}", counters.step,
+              e.message.empty() ? e.record().dump() : e.message);
   }
 }
 
 void Trainer::State::record_events(const guard::Decision& d) {
   for (const auto& e : d.events)
-    if (e.kind != EventKind::kPause && e.kind != EventKind::kAbort) event(e.kind, e.detail);
+    if (e.kind != EventKind::kPause && e.kind != EventKind::kAbort) event(e);
 }
 
 // The guard decided the run cannot go on: the abort goes on record first, then the run stops.
 void Trainer::State::stop(const guard::Decision& d) {
   record_events(d);
   for (const auto& e : d.events)
-    if (e.kind == EventKind::kAbort) event(EventKind::kAbort, e.detail);
+    if (e.kind == EventKind::kAbort) event(e);
   progress->finish();
   throw RunStopped(d.stop_message);
 }
@@ -108,7 +110,7 @@ bool Trainer::State::is_log_step() const {
 data::Batch Trainer::State::next_batch() {
   const auto wait_start = Clock::now();
   data::Batch batch = train_data->next();
-  window.loader_wait_s += seconds_since(wait_start);
+  step_record->window().loader_wait_s += seconds_since(wait_start);
   faults->corrupt(batch, counters.micro_taken);  // corrupt_batch is keyed to the data position
   counters.took_micro_batch();
   return batch;
@@ -218,7 +220,7 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
     }
     std::vector<torch::Tensor> totals{sums};
     comm.all_reduce_sum_(totals);
-    window.comm_s += seconds_since(comm_start);
+    step_record->window().comm_s += seconds_since(comm_start);
   }
   // ZeRO-1: this rank holds the reduced gradient of its own elements only; the norms are summed
   // over the ranks, and an overflow in any rank's part is an overflow for all.
@@ -315,9 +317,9 @@ Verdict Trainer::State::decide(const StepResult& r, double lr) {
                {"lr", lr},
                {"clip_bound", r.clip_bound},
                {"layer_grad_norms", s.layer_grad_norms}};
-  if (v.action() == guard::Action::kApply && s.clipped) ++window.clipped;
-  window.masked += host_samples.masked;
-  window.guard_s += seconds_since(start);
+  if (v.action() == guard::Action::kApply && s.clipped) ++step_record->window().clipped;
+  step_record->window().masked += host_samples.masked;
+  step_record->window().guard_s += seconds_since(start);
   return v;
 }
 
@@ -337,8 +339,7 @@ void Trainer::State::quarantine_screened(guard::Decision& d) {
   const nlohmann::json named =
       quarantine.record_screened(std::move(masked), counters, cfg.stability.top_k_samples);
   for (auto& e : d.events)
-    if (e.kind == EventKind::kScreen || e.detail.value("signal", "") == "screen")
-      e.detail["top_samples"] = named;
+    if (e.about_screened_samples) e.name_samples(named);
 }
 
 // A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
@@ -346,11 +347,12 @@ void Trainer::State::reject(const Verdict& v, const StepResult& r) {
   if (scaler && r.found_inf) scaler->update(*r.found_inf);
   optimizer->zero_grad();
   counters.rejected();
-  ++window.skipped;
-  if (v.action() == guard::Action::kPause) pause_and_rollback(v);
+  ++step_record->window().skipped;
+  const StepEvidence evidence{v, host_samples, step_samples};
+  if (v.action() == guard::Action::kPause) recovery->rollback(evidence);
   if (v.decision.skip_reason == guard::SkipReason::kIncident ||
       v.decision.skip_reason == guard::SkipReason::kData)
-    drop_step(v);
+    recovery->drop_step(evidence);
 }
 
 // Clips, steps the optimizer and counts the update. At log steps it returns the per-layer
@@ -369,9 +371,9 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
   optimizer->zero_grad();
   grad_norm_window->push(r.grad_norm);
   counters.applied();
-  ++window.steps;
+  ++step_record->window().steps;
   if (guard)
-    for (const auto& e : guard->after_update(counters.step)) event(e.kind, e.detail);
+    for (const auto& e : guard->after_update(counters.step)) event(e);
   if (!log_step) return {};
 
   auto delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
@@ -462,14 +464,14 @@ void Trainer::loop() {
   s.progress->finish();
   const double elapsed = seconds_since(start);
   log::info("train", "done: {} steps in {}, final loss {:.4f}, val_loss {:.4f}", s.counters.step,
-            monitor::format_duration(elapsed), s.last_loss, s.last_val_loss);
+            monitor::format_duration(elapsed), s.loss_logged(), s.last_val_loss);
   s.event(EventKind::kRunEnd, {{"seconds", elapsed},
-                               {"loss", s.last_loss},
+                               {"loss", s.loss_logged()},
                                {"val_loss", s.last_val_loss},
                                {"rollbacks", s.guard ? s.guard->rollbacks() : 0}});
 }
 
-double Trainer::last_loss() const { return s_->last_loss; }
+double Trainer::last_loss() const { return s_->loss_logged(); }
 double Trainer::last_val_loss() const { return s_->last_val_loss; }
 
 }  // namespace keel::train

@@ -38,61 +38,14 @@
 #include "train/layer_groups.h"
 #include "train/process_settings.h"
 #include "train/quarantine.h"
+#include "train/recovery.h"
 #include "train/resume_source.h"
 #include "train/run_history.h"
+#include "train/step_record.h"
+#include "train/step_values.h"
 #include "train/trainer.h"
 
 namespace keel::train {
-
-// The current optimizer step's samples (one entry per micro-batch): for the screen's quarantine
-// records, the top-k forensics of a pause and the data statistics.
-struct StepSamples {
-  std::vector<torch::Tensor> ids, losses, tokens;   // (B) int64, (B) fp32, (B, T+1) int64
-  std::vector<torch::Tensor> keep;                  // (B) fp32 1/0 (screening only)
-  std::vector<torch::Tensor> doc_lengths, buckets;  // (B) int64 (shards only)
-  void clear() { *this = StepSamples(); }
-};
-
-// What one step's backward pass produced, measured, up to the guard's decision.
-struct StepResult {
-  torch::Tensor loss;                      // () mean cross-entropy over the step's kept samples
-  std::optional<torch::Tensor> found_inf;  // fp16: the scaler's overflow flag (device)
-  torch::Tensor param_norms;               // (P) per-parameter gradient L2 norms
-  torch::Tensor grad_norm;                 // () global L2 norm, before clipping
-  double clip_bound = 0.0;                 // the bound clipping applies this step
-  // Screening: the threshold the step was screened with, and () samples / kept samples, by which
-  // the gradients (a sum over kept samples of 1/samples each) are scaled to a mean over the kept.
-  std::optional<double> screen_threshold;
-  torch::Tensor grad_scale;
-};
-
-// The host's copy of one step's per-sample values, read with the guard's signals.
-struct HostSamples {
-  std::vector<int64_t> ids;
-  std::vector<double> losses;
-  std::vector<bool> kept;
-  int64_t masked = 0;
-};
-
-// The guard's decision on a step, with the signals it was taken on (for events and forensics).
-struct Verdict {
-  guard::Decision decision;
-  nlohmann::json signals;
-  guard::Action action() const { return decision.action; }
-};
-
-// Timings and counts accumulated between two log steps.
-struct LogWindow {
-  double loader_wait_s = 0.0;
-  double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
-  double comm_s = 0.0;   // host time in the step's gradient and loss all-reduce (several ranks)
-  int64_t steps = 0;     // applied updates
-  int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
-  int64_t skipped = 0;   // step attempts that applied nothing
-  int64_t masked = 0;    // samples the screen masked
-  Clock::time_point start = Clock::now();
-  void reset() { *this = LogWindow(); }
-};
 
 struct Trainer::State {
   State(const config::Config& c, std::string yaml, TrainOptions o, distributed::Communicator& cm)
@@ -118,7 +71,10 @@ struct Trainer::State {
   void reject(const Verdict& v, const StepResult& r);
   std::vector<double> apply_update(const StepResult& r, double lr, bool log_step);
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
-  nlohmann::json data_statistics() const;
+  // The newest logged training loss (NaN before the first log step).
+  double loss_logged() const {
+    return step_record ? step_record->last_loss() : std::numeric_limits<double>::quiet_NaN();
+  }
   // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
   // decision's screen events.
   void quarantine_screened(guard::Decision& d);
@@ -130,6 +86,7 @@ struct Trainer::State {
   // model from bad data when the guard alarms.
   double probe_loss();
   void event(EventKind kind, const nlohmann::json& detail = nlohmann::json::object());
+  void event(const guard::GuardEvent& e);  // with a warn's message on the console
   void record_events(const guard::Decision& d);
   [[noreturn]] void stop(const guard::Decision& d);
   void check_consumed();
@@ -144,19 +101,8 @@ struct Trainer::State {
   void maybe_checkpoint();
   // The record of the resume setup restored: events, the newer record dropped, a recovery.
   void record_resume();
-  // A resume that is a recovery: the newest timeline after the snapshot just restored is
-  // abandoned, its data replayed or set aside, and the recovery overlay starts.
-  void begin_resume_recovery(const std::filesystem::path& snapshot, const std::string& reason,
-                             const std::optional<Heartbeat>& crash);
-  // Takes `micro_batches` from the data order without training on them, each sample on record
-  // in quarantine.jsonl with `reason` (and its loss when this step measured it).
-  void set_aside(int64_t micro_batches, const std::string& reason);
-
-  // ---- pause and rollback (recovery.cpp)
-  void pause_and_rollback(const Verdict& v);
-  void write_forensics(const nlohmann::json& signals);
-  // A step the guard dropped within an incident: its kept samples set aside.
-  void drop_step(const Verdict& v);
+  // The collaborators recovery moves and writes (built with the record).
+  RecoveryParts recovery_parts();
 
   // Configuration and collaborators.
   config::Config cfg;
@@ -206,7 +152,9 @@ struct Trainer::State {
   HostSamples host_samples;                   // this step's, read in decide()
   Quarantine quarantine;                      // quarantine.jsonl (opened with the record)
   std::vector<double> last_layer_grad_norms;  // this step's, read in decide()
-  LogWindow window;
+  std::unique_ptr<StepRecord> step_record;    // metrics.jsonl (opened with the record)
+  std::unique_ptr<Forensics> forensics;       // forensics/ (opened with the record)
+  std::unique_ptr<Recovery> recovery;         // rollback, dropped steps, a resume's recovery
 
   CheckpointCadence cadence{cfg.checkpoint, cfg.run.max_steps};
 
@@ -216,7 +164,6 @@ struct Trainer::State {
 
   TrainCounters counters;
   int64_t last_checkpoint_step = -1;
-  double last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 

@@ -36,7 +36,8 @@ TEST(KillIntegration, TwentyKillsNeverLoseACheckpoint) {
     for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
 
-    auto latest = checkpoint::resolve_checkpoint(d.path() / "checkpoints", "latest");
+    auto latest =
+        checkpoint::resolve_checkpoint(d.path() / "checkpoints", checkpoint::Pointer::kLatest);
     if (!latest) continue;  // killed before the first save
     auto verdict = checkpoint::verify_checkpoint(*latest);
     ASSERT_TRUE(verdict.ok) << "cycle " << cycle << ": " << verdict.problem;

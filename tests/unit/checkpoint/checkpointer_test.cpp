@@ -132,7 +132,7 @@ TEST_F(CheckpointerTest, SaveLoadRoundTripIsBitExact) {
   EXPECT_EQ(p, dir_ / "step_00000007");
   EXPECT_EQ(pointer("LATEST"), "step_00000007\n");
   EXPECT_FALSE(fs::exists(dir_ / "STABLE"));
-  auto resolved = ck->resolve("latest");
+  auto resolved = ck->resolve(Pointer::kLatest);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(*resolved, p);
   expect_same(data, ck->load(*resolved));
@@ -192,48 +192,48 @@ TEST_F(CheckpointerTest, FlippedByteIsCaughtByVerifyAndLoad) {
         << e.what();
   }
   // An explicitly named corrupt checkpoint is refused, not silently replaced.
-  EXPECT_THROW(ck->resolve(q.string()), CheckpointError);
+  EXPECT_THROW(resolve_named_checkpoint(q), CheckpointError);
 }
 
 TEST_F(CheckpointerTest, ResolveLatestFallsBackToNewestThatVerifies) {
   auto ck = make();
-  EXPECT_FALSE(ck->resolve("latest"));  // a fresh directory: nothing to resume
+  EXPECT_FALSE(ck->resolve(Pointer::kLatest));  // a fresh directory: nothing to resume
   CheckpointData d1 = make_data(1);
   ck->save(1, d1);
   ck->save(2, make_data(2));
   fs::path newest = ck->save(3, make_data(3));
   fs::remove(newest / "trainer_state.json");                               // newest: a file missing
   flip_byte(dir_ / "step_00000002" / "optimizer.rank0.safetensors", 200);  // second: corrupt
-  auto r = ck->resolve("latest");
+  auto r = ck->resolve(Pointer::kLatest);
   ASSERT_TRUE(r);
   EXPECT_EQ(*r, dir_ / "step_00000001");
   expect_same(d1, ck->load(*r));
 
   // A dangling pointer falls back the same way; a missing one too.
   std::ofstream(dir_ / "LATEST") << "step_00000099\n";
-  EXPECT_EQ(ck->resolve("latest"), dir_ / "step_00000001");
+  EXPECT_EQ(ck->resolve(Pointer::kLatest), dir_ / "step_00000001");
   fs::remove(dir_ / "LATEST");
-  EXPECT_EQ(ck->resolve("latest"), dir_ / "step_00000001");
+  EXPECT_EQ(ck->resolve(Pointer::kLatest), dir_ / "step_00000001");
   // The checkpoints directory itself is accepted as a path: its latest.
-  EXPECT_EQ(ck->resolve(dir_.string()), dir_ / "step_00000001");
-  EXPECT_THROW(ck->resolve((dir_ / "step_00000042").string()), CheckpointError);
+  EXPECT_EQ(resolve_named_checkpoint(dir_), dir_ / "step_00000001");
+  EXPECT_THROW(resolve_named_checkpoint(dir_ / "step_00000042"), CheckpointError);
 }
 
 TEST_F(CheckpointerTest, ResolveStableOnlyUsesStableCheckpoints) {
   auto ck = make();
-  EXPECT_FALSE(ck->resolve("stable"));
+  EXPECT_FALSE(ck->resolve(Pointer::kStable));
   ck->save(1, make_data(1), true);
   ck->save(2, make_data(2));
   ck->save(3, make_data(3));
-  EXPECT_EQ(ck->resolve("stable"), dir_ / "step_00000001");
+  EXPECT_EQ(ck->resolve(Pointer::kStable), dir_ / "step_00000001");
   ck->promote_to_stable(3);
   EXPECT_TRUE(read_manifest(dir_ / "step_00000003").stable);
   EXPECT_TRUE(verify_checkpoint(dir_ / "step_00000003").ok);
   EXPECT_EQ(pointer("STABLE"), "step_00000003\n");
-  EXPECT_EQ(ck->resolve("stable"), dir_ / "step_00000003");
+  EXPECT_EQ(ck->resolve(Pointer::kStable), dir_ / "step_00000003");
   // Stable target corrupt: the older stable one, never the newer non-stable step 2.
   flip_byte(dir_ / "step_00000003" / "model.safetensors", 300);
-  EXPECT_EQ(ck->resolve("stable"), dir_ / "step_00000001");
+  EXPECT_EQ(ck->resolve(Pointer::kStable), dir_ / "step_00000001");
   EXPECT_THROW(ck->promote_to_stable(3), CheckpointError);  // a corrupt one is never promoted
 }
 
@@ -275,8 +275,8 @@ TEST_F(CheckpointerTest, TmpDirsAreInvisibleAndStaleOnesAreCleaned) {
   copy_flat_dir(dir_ / "step_00000001", stale);
   copy_flat_dir(dir_ / "step_00000001", live);
   fs::remove(dir_ / "LATEST");
-  EXPECT_EQ(resolve_checkpoint(dir_, "latest"), dir_ / "step_00000001");  // never a tmp dir
-  auto ck = make();                                                       // construction cleans up
+  EXPECT_EQ(resolve_checkpoint(dir_, Pointer::kLatest), dir_ / "step_00000001");  // never a tmp dir
+  auto ck = make();  // construction cleans up
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
   ck->save(2, make_data(2));
@@ -359,7 +359,7 @@ TEST_F(CheckpointerTest, DiskFullThrowsAndKeepsEarlierCheckpoints) {
   }
   EXPECT_EQ(entries(dir_), (std::vector<std::string>{"LATEST", "step_00000001", "step_00000002"}));
   EXPECT_EQ(pointer("LATEST"), "step_00000002\n");
-  expect_same(d2, ck->load(*ck->resolve("latest")));
+  expect_same(d2, ck->load(*ck->resolve(Pointer::kLatest)));
   expect_same(d1, ck->load(dir_ / "step_00000001"));
   ck->save(4, make_data(4, 20000));  // space was given back: the next save works
   EXPECT_EQ(pointer("LATEST"), "step_00000004\n");

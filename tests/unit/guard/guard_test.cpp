@@ -366,8 +366,7 @@ TEST(Guard, ScreenedSamplesWarnOnceThenReportAndAllMaskedSkips) {
   EXPECT_EQ(d.events[0].detail["signal"], "screen");
   EXPECT_EQ(d.events[0].detail["masked_recently"], 5);
   EXPECT_EQ(d.events[0].detail["tail_allowance"], kScreenTailSamples);
-  EXPECT_NE(d.events[0].detail["message"].get<std::string>().find("quarantine.jsonl"),
-            std::string::npos);
+  EXPECT_NE(d.events[0].message.find("quarantine.jsonl"), std::string::npos);
   s.step = ++step;
   s.kept_losses.clear();
   s.masked_losses = std::vector<double>(8, 9.0);
@@ -486,7 +485,7 @@ TEST(Guard, ClipRateWarnsOncePerWindow) {
     for (auto& e : g.observe(sig).events)
       if (e.detail.value("signal", "") == "clip_rate") {
         ++warns;
-        message = e.detail["message"];
+        message = e.message;
       }
   }
   EXPECT_EQ(warns, 2);  // at step 20 and again a window later
@@ -518,7 +517,7 @@ TEST(Guard, AGradNormJumpInWarmupWarnsButDoesNotPause) {
   Decision d = g.observe(signals(step, 30.0, 2.0, {30.0}));
   EXPECT_EQ(d.action, Action::kApply);
   ASSERT_EQ(kinds(d), (std::vector<std::string>{"warn"}));
-  const std::string message = d.events[0].detail["message"];
+  const std::string message = d.events[0].message;
   EXPECT_NE(message.find("30.0x its running median 1"), std::string::npos) << message;
   EXPECT_NE(message.find("after the warmup"), std::string::npos) << message;
 

@@ -1,0 +1,60 @@
+#include "train/forensics.h"
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/tensor_file.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "monitor/run_files.h"
+
+namespace keel::train {
+namespace fs = std::filesystem;
+
+void Forensics::write(const TrainCounters& at, const StepSamples& step,
+                      const nlohmann::json& signals,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& weights) const {
+  if (step.losses.empty()) return;
+  // The top-k over every rank's samples (collectives: every rank takes part, rank 0 writes).
+  auto losses = comm_->all_gather(torch::cat(step.losses).to(device_)).to(torch::kCPU);
+  auto ids = comm_->all_gather(torch::cat(step.ids).to(device_, torch::kInt64)).to(torch::kCPU);
+  auto tokens = comm_->all_gather(torch::cat(step.tokens).to(device_)).to(torch::kCPU);
+  if (!comm_->is_main()) return;
+  fs::path dir = run_dir_ / "forensics" / checkpoint::step_dir_name(at.step);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) dir += "-iter" + std::to_string(at.iteration);
+  fs::create_directories(dir, ec);
+  if (ec) throw RecordError("cannot create " + dir.string() + ": " + ec.message());
+
+  int64_t k = std::min<int64_t>(top_k_, losses.numel());
+  auto [top_losses, top_index] = losses.topk(k);
+  nlohmann::json samples = nlohmann::json::array();
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t row = top_index[i].item<int64_t>();
+    samples.push_back({{"sample_id", ids[row].item<int64_t>()},
+                       {"loss", top_losses[i].item<double>()},
+                       {"text", data_->decode(tokens[row])}});
+  }
+  nlohmann::json layers_json = nlohmann::json::object();
+  if (signals.contains("layer_grad_norms"))
+    for (size_t i = 0; i < layer_names_.size(); ++i)
+      layers_json[layer_names_[i]] = signals["layer_grad_norms"][i];
+
+  // Decoded text need not be UTF-8 (byte-level data): invalid bytes are written as U+FFFD.
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  monitor::write_record_file((dir / "samples.json").string(),
+                             samples.dump(2, ' ', false, kReplace) + "\n");
+  monitor::write_record_file((dir / "layers.json").string(), layers_json.dump(2) + "\n");
+  monitor::write_record_file((dir / "signals.json").string(), signals.dump(2) + "\n");
+  checkpoint::TensorMap tensors;
+  for (const auto& [name, p] : weights) tensors[name] = p.detach();
+  try {
+    checkpoint::write_safetensors(dir / "model.safetensors", tensors,
+                                  {{"step", std::to_string(at.step)}});
+  } catch (const CheckpointError& e) {
+    throw RecordError(std::string("forensics: ") + e.what());
+  }
+  log::warn("guard", "forensics of step {} in {} (top sample {} with loss {:.3f})", at.step,
+            dir.string(), samples.empty() ? -1 : samples[0]["sample_id"].get<int64_t>(),
+            samples.empty() ? 0.0 : samples[0]["loss"].get<double>());
+}
+
+}  // namespace keel::train

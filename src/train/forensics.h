@@ -1,0 +1,51 @@
+// RUN_DIR/forensics/step_N/ for an alarm: what a person needs to judge it afterwards, written
+// when it happens: the step's top-k samples over every rank (id, loss, decoded text), the
+// per-layer gradient norms, the guard's signals and the weights as they were.
+//
+// Called by recovery (a pause, an incident's first dropped step). Collective: every rank calls
+// write() (the samples are gathered); rank 0 writes. Owns only its settings.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "data/batch.h"
+#include "distributed/communicator.h"
+#include "train/counters.h"
+#include "train/step_values.h"
+
+namespace keel::train {
+
+class Forensics {
+ public:
+  // `comm` and `data` (which decodes the samples' tokens) outlive this object.
+  Forensics(std::filesystem::path run_dir, int64_t top_k, std::vector<std::string> layer_names,
+            distributed::Communicator& comm, torch::Device device, const data::BatchSource& data)
+      : run_dir_(std::move(run_dir)),
+        top_k_(top_k),
+        layer_names_(std::move(layer_names)),
+        comm_(&comm),
+        device_(device),
+        data_(&data) {}
+
+  // forensics/step_N (step_N-iterK when an earlier attempt at that step wrote one). Nothing when
+  // the step kept no samples. RecordError when the folder cannot be written.
+  void write(const TrainCounters& at, const StepSamples& samples, const nlohmann::json& signals,
+             const std::vector<std::pair<std::string, torch::Tensor>>& weights) const;
+
+ private:
+  std::filesystem::path run_dir_;
+  int64_t top_k_;
+  std::vector<std::string> layer_names_;
+  distributed::Communicator* comm_;
+  torch::Device device_;
+  const data::BatchSource* data_;
+};
+
+}  // namespace keel::train

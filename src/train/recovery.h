@@ -1,0 +1,91 @@
+// The remedies that move a run back, or past data: the rollback of a pause (to the newest stable
+// snapshot, the data since it set aside, the recovery overlay started), the drop of an alarming
+// step within an incident, and the recovery a resume starts (the newer timeline abandoned, its
+// data set aside or replayed).
+//
+// Called by the trainer: rollback() and drop_step() on the guard's verdict, begin_resume() once
+// after a resume restored a snapshot. Owns no state between calls: what it moves (the counters,
+// the data position, the model through `restore`) and what it writes (events, quarantine.jsonl,
+// forensics, the abandoned checkpoints) belong to the collaborators it is given once. Collective
+// with several ranks: every rank calls the same methods in the same order.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+#include "common/event_kind.h"
+#include "config/schema.h"
+#include "data/batch.h"
+#include "distributed/communicator.h"
+#include "guard/guard.h"
+#include "monitor/run_files.h"
+#include "train/counters.h"
+#include "train/forensics.h"
+#include "train/quarantine.h"
+#include "train/run_history.h"
+#include "train/step_values.h"
+#include "train/trainer.h"
+
+namespace keel::train {
+
+struct RecoveryParts {
+  const config::Config* cfg = nullptr;  // resolved: recovery.steps is a number
+  distributed::Communicator* comm = nullptr;
+  torch::Device device = torch::kCPU;
+  checkpoint::Checkpointer* checkpointer = nullptr;
+  data::BatchSource* train_data = nullptr;
+  Quarantine* quarantine = nullptr;
+  monitor::RunFiles* files = nullptr;
+  TrainCounters* counters = nullptr;
+  guard::Guard* guard = nullptr;  // null: stability.enabled is false
+  const Forensics* forensics = nullptr;
+  std::function<void(EventKind, const nlohmann::json&)> event;
+  std::function<void(const guard::GuardEvent&)> guard_event;
+  // Loads a snapshot's model and optimizer state (and, when asked, its data position), keeping
+  // what must survive a rollback (the fp16 loss scale as the scaler has learned it).
+  std::function<void(const checkpoint::CheckpointData&, bool restore_data)> restore;
+  // The model's weights, for the forensics of an alarm.
+  const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;
+};
+
+// What the step the guard acted on measured.
+struct StepEvidence {
+  const Verdict& verdict;
+  const HostSamples& host;
+  const StepSamples& samples;
+};
+
+class Recovery {
+ public:
+  explicit Recovery(RecoveryParts parts) : p_(std::move(parts)) {}
+
+  // The guard paused: forensics, the newest stable snapshot restored, the data consumed since it
+  // (and the incident's skip-ahead) set aside unless stability.rollback.skip_data is false, the
+  // newer checkpoints abandoned, the record replayed from the snapshot's step, the overlay on.
+  // RunStopped when there is no stable snapshot.
+  void rollback(const StepEvidence& step);
+  // Within an incident whose rollbacks are spent, or when the data set the alarm off: the update
+  // was never applied; the step's kept samples go on record (the masked ones are already).
+  void drop_step(const StepEvidence& step);
+  // A resume that is a recovery (from `snapshot`, just restored): the newest timeline after it
+  // (its newest checkpoint, or `crash` if that got further) abandoned, its data set aside or
+  // replayed as `data` says, and the recovery overlay started.
+  void begin_resume(const std::filesystem::path& snapshot, const std::string& reason,
+                    const std::optional<Heartbeat>& crash, ResumeData data);
+
+ private:
+  // Takes `micro_batches` from the data order without training on them, each sample on record in
+  // quarantine.jsonl with `reason` (and its loss when `measured` holds it).
+  void set_aside(int64_t micro_batches, const std::string& reason, const HostSamples& measured);
+  void write_forensics(const StepEvidence& step) const;
+
+  RecoveryParts p_;
+};
+
+}  // namespace keel::train

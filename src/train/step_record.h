@@ -1,0 +1,93 @@
+// The record of applied steps: one metrics.jsonl line and one progress line per logging window,
+// with the seed's continuous data statistics.
+//
+// Owns the logging window (the timings and counts accumulated since the previous log step) and
+// the newest logged loss. The trainer adds to the window as a step runs (loader wait, guard and
+// communication time, applied/clipped/skipped steps, masked samples) and, at a log step, hands
+// write() the step's figures; write() closes the window. Writes metrics.jsonl (through RunFiles)
+// and the progress line; reads nothing back. One per trainer, one thread.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "monitor/progress.h"
+#include "monitor/run_files.h"
+
+namespace keel::train {
+
+// Timings and counts accumulated between two log steps.
+struct LogWindow {
+  double loader_wait_s = 0.0;
+  double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
+  double comm_s = 0.0;   // host time in the step's gradient and loss all-reduce (several ranks)
+  int64_t steps = 0;     // applied updates
+  int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
+  int64_t skipped = 0;   // step attempts that applied nothing
+  int64_t masked = 0;    // samples the screen masked
+  Clock::time_point start = Clock::now();
+};
+
+// What the trainer measured for the step that closes a logging window.
+struct StepFigures {
+  int64_t step = 0;
+  double loss = 0.0, lr = 0.0;
+  double grad_norm = 0.0, grad_norm_median = 0.0, clip_bound = 0.0;
+  double update_ratio = 0.0;
+  int64_t queue_depth = 0;  // the loader's ready batches
+  int64_t samples_seen = 0, tokens_seen = 0;
+  std::optional<double> loss_scale;  // fp16
+  bool several_ranks = false;        // the window's communication time goes on record
+  // With the guard on (empty otherwise): per-layer update ratios and gradient norms by layer
+  // name, the screen's threshold, the data statistics and whether the recovery overlay is on.
+  bool guarded = false;
+  std::vector<std::pair<std::string, double>> layer_update_ratios, layer_grad_norms;
+  std::optional<double> screen_threshold;
+  nlohmann::json data_statistics = nlohmann::json::object();
+  bool in_recovery = false;
+};
+
+// The seed's data statistics for one step: the kept samples' loss distribution (mean, p50, p99,
+// max), the lengths of the documents its windows start in (mean, p95; shards) and its bucket
+// (cluster) mix. Each part is left out when its input is empty.
+nlohmann::json data_statistics(const std::vector<double>& kept_losses,
+                               const std::vector<int64_t>& doc_lengths,
+                               const std::vector<int64_t>& buckets);
+
+class StepRecord {
+ public:
+  // `files` and `progress` outlive this object.
+  StepRecord(monitor::RunFiles& files, monitor::Progress& progress, int64_t max_steps,
+             int64_t tokens_per_step, std::optional<double> loss_floor)
+      : files_(&files),
+        progress_(&progress),
+        max_steps_(max_steps),
+        tokens_per_step_(tokens_per_step),
+        loss_floor_(loss_floor) {}
+
+  LogWindow& window() { return window_; }
+  // Time spent outside training (an evaluation) does not count toward the window's throughput.
+  void exclude(Clock::duration d) { window_.start += d; }
+
+  // Writes the metrics line and the progress line for the window that `f` closes, then opens a
+  // new window.
+  void write(const StepFigures& f);
+
+  double last_loss() const { return last_loss_; }
+
+ private:
+  monitor::RunFiles* files_;
+  monitor::Progress* progress_;
+  int64_t max_steps_, tokens_per_step_;
+  std::optional<double> loss_floor_;
+  LogWindow window_;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+}  // namespace keel::train

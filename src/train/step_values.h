@@ -1,0 +1,54 @@
+// What one optimizer step measured, passed from the step's stages (forward/backward, measure,
+// decide) to those that act on it (update, record, quarantine, forensics, recovery). Plain values;
+// the trainer owns them for the duration of a step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "guard/guard.h"
+
+namespace keel::train {
+
+// The current optimizer step's samples (one entry per micro-batch): for the screen's quarantine
+// records, the top-k forensics of a pause and the data statistics.
+struct StepSamples {
+  std::vector<torch::Tensor> ids, losses, tokens;   // (B) int64, (B) fp32, (B, T+1) int64
+  std::vector<torch::Tensor> keep;                  // (B) fp32 1/0 (screening only)
+  std::vector<torch::Tensor> doc_lengths, buckets;  // (B) int64 (shards only)
+  void clear() { *this = StepSamples(); }
+};
+
+// What one step's backward pass produced, measured, up to the guard's decision.
+struct StepResult {
+  torch::Tensor loss;                      // () mean cross-entropy over the step's kept samples
+  std::optional<torch::Tensor> found_inf;  // fp16: the scaler's overflow flag (device)
+  torch::Tensor param_norms;               // (P) per-parameter gradient L2 norms
+  torch::Tensor grad_norm;                 // () global L2 norm, before clipping
+  double clip_bound = 0.0;                 // the bound clipping applies this step
+  // Screening: the threshold the step was screened with, and () samples / kept samples, by which
+  // the gradients (a sum over kept samples of 1/samples each) are scaled to a mean over the kept.
+  std::optional<double> screen_threshold;
+  torch::Tensor grad_scale;
+};
+
+// The host's copy of one step's per-sample values, read with the guard's signals.
+struct HostSamples {
+  std::vector<int64_t> ids;
+  std::vector<double> losses;
+  std::vector<bool> kept;
+  int64_t masked = 0;
+};
+
+// The guard's decision on a step, with the signals it was taken on (for events and forensics).
+struct Verdict {
+  guard::Decision decision;
+  nlohmann::json signals;
+  guard::Action action() const { return decision.action; }
+};
+
+}  // namespace keel::train
