@@ -9,28 +9,114 @@
 #include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
 #include "cli/resume_plan.h"
+#include "model/memory_plan.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
 namespace fs = std::filesystem;
 
+namespace {
+
+model::MemoryPlanOptions plan_options(const config::Config& cfg, int64_t world) {
+  model::MemoryPlanOptions options;
+  options.world_size = world;
+  options.cuda = cfg.run.device != config::Device::kCpu;
+  return options;
+}
+
+// With a device budget the plan does not fit: says so, with the cheapest change that fits.
+bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded, int64_t world,
+                   double device_memory) {
+  const auto options = plan_options(cfg, world);
+  const auto plan = model::plan_memory(cfg, options);
+  if (device_memory <= 0 || plan.total() <= device_memory) return false;
+  const auto fit = model::cheapest_fit(cfg, options, device_memory);
+  config::Diagnostic d{
+      config::Diagnostic::Severity::kError, "model", loaded.where("model"),
+      fmt::format("the memory plan needs {:.2f} GB per rank, more than --device-memory {:.2f} GB{}",
+                  plan.total() / 1e9, device_memory / 1e9,
+                  fit ? "\nHINT: the cheapest change that fits: " + *fit
+                      : std::string("\nHINT: nothing keel can change fits; use more ranks (with "
+                                    "distributed.zero: 1) or a smaller model"))};
+  std::cerr << format_memory_plan(plan, cfg);
+  print_diagnostics({d});
+  return true;
+}
+
+struct ValidateFlags {
+  ConfigArgs args;
+  bool print_config = false;
+  int64_t world = 1;
+  double step_time = 0.0;
+  bool no_probe = false;
+  double device_memory = 0.0;
+};
+
+// `keel validate`: its exit code.
+int run_validate(const ValidateFlags& f) {
+  auto loaded = load(f.args);
+  // Validation runs even when loading found errors, so every independent problem is
+  // reported in one pass.
+  config::ValidateOptions options;
+  options.world_size = f.world;
+  auto diagnostics = check(loaded, options);
+  int errors = print_diagnostics(diagnostics);
+  if (errors > 0) {
+    std::cerr << (f.args.path.empty() ? kEmbeddedConfigName : f.args.path) << ": " << errors
+              << (errors == 1 ? " error" : " errors") << "\n";
+    return 2;
+  }
+  const config::Config cfg = resolved(loaded);
+  if (refuse_memory(cfg, loaded, f.world, f.device_memory)) return 2;  // before any output
+  // With --print-config, stdout is the config alone (loadable by `keel train`); the estimates,
+  // the checklist and the verdict go to stderr.
+  std::ostream& report = f.print_config ? std::cerr : std::cout;
+  // As written, `auto` keys included; config.resolved.yaml records what a run resolved them to.
+  if (f.print_config) std::cout << config::to_yaml(loaded.config) << std::flush;
+  CheckpointCostOptions cost_options;
+  cost_options.world_size = f.world;
+  cost_options.probe = !f.no_probe;
+  if (f.step_time > 0) cost_options.step_seconds = f.step_time;
+  const auto cost = estimate_checkpoint_cost(cfg, cost_options);
+  report << format_checkpoint_cost(cost, cfg);
+  if (cost.share && *cost.share > kCheckpointShareWarn) {
+    config::Diagnostic d{
+        config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
+        loaded.where("checkpoint.every_steps"),
+        fmt::format("saving costs about {:.1f}% of training time; raise "
+                    "checkpoint.every_steps{}",
+                    *cost.share * 100,
+                    loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
+    print_diagnostics({d});
+  }
+  report << format_memory_plan(model::plan_memory(cfg, plan_options(cfg, f.world)), cfg);
+  report << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
+  // An existing run: what each --resume would do there.
+  const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
+  report << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
+  report << (f.args.path.empty() ? kEmbeddedConfigName : f.args.path) << ": valid\n";
+  return 0;
+}
+
+}  // namespace
+
 void register_validate(CLI::App& app, int& exit_code) {
-  auto args = std::make_shared<ConfigArgs>();
-  auto print_config = std::make_shared<bool>(false);
-  auto world = std::make_shared<int64_t>(1);
-  auto step_time = std::make_shared<double>(0.0);
-  auto no_probe = std::make_shared<bool>(false);
+  auto f = std::make_shared<ValidateFlags>();
   auto* sub =
       app.add_subcommand("validate", "check a config before launch; exit 0 valid, 2 invalid");
-  add_config_options(*sub, *args);
-  sub->add_flag("--print-config", *print_config, "print the resolved config (YAML) when valid");
-  sub->add_option("--world-size", *world, "ranks the run will use (for the global batch)")
+  add_config_options(*sub, f->args);
+  sub->add_flag("--print-config", f->print_config, "print the resolved config (YAML) when valid");
+  sub->add_option("--world-size", f->world, "ranks the run will use (for the global batch)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--step-time", *step_time,
+  sub->add_option("--step-time", f->step_time,
                   "measured seconds per optimizer step (from a previous run), for the checkpoint "
                   "cost estimate")
       ->check(CLI::PositiveNumber);
-  sub->add_flag("--no-probe", *no_probe,
+  sub->add_option("--device-memory", f->device_memory,
+                  "bytes of memory on each rank's device (e.g. 80e9): refuse a config whose "
+                  "memory plan does not fit, naming the cheapest change that does")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--no-probe", f->no_probe,
                 "skip the disk-write and matmul probes behind the checkpoint cost estimate");
   sub->footer(
       "Where the config's run directory exists, it also says what each --resume would load there.\n"
@@ -41,50 +127,9 @@ void register_validate(CLI::App& app, int& exit_code) {
       "  keel validate configs/production-124m.yaml --step-time 0.9    # the locked production "
       "config\n"
       "  keel validate configs/tiny.yaml --world-size 4                 # as 4 ranks would run it\n"
+      "  keel validate configs/gpt2-124m.yaml --device-memory 80e9      # does it fit 80 GB?\n"
       "  keel validate configs/tiny.yaml --set optim.lr=1e-3 --print-config");
-  sub->callback([args, print_config, world, step_time, no_probe, &exit_code] {
-    auto loaded = load(*args);
-    // Validation runs even when loading found errors, so every independent problem is
-    // reported in one pass.
-    config::ValidateOptions options;
-    options.world_size = *world;
-    auto diagnostics = check(loaded, options);
-    int errors = print_diagnostics(diagnostics);
-    if (errors > 0) {
-      std::cerr << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": " << errors
-                << (errors == 1 ? " error" : " errors") << "\n";
-      exit_code = 2;
-      return;
-    }
-    const config::Config cfg = resolved(loaded);
-    // With --print-config, stdout is the config alone (loadable by `keel train`); the estimates,
-    // the checklist and the verdict go to stderr.
-    std::ostream& report = *print_config ? std::cerr : std::cout;
-    // As written, `auto` keys included; config.resolved.yaml records what a run resolved them to.
-    if (*print_config) std::cout << config::to_yaml(loaded.config) << std::flush;
-    CheckpointCostOptions cost_options;
-    cost_options.world_size = *world;
-    cost_options.probe = !*no_probe;
-    if (*step_time > 0) cost_options.step_seconds = *step_time;
-    const auto cost = estimate_checkpoint_cost(cfg, cost_options);
-    report << format_checkpoint_cost(cost, cfg);
-    if (cost.share && *cost.share > kCheckpointShareWarn) {
-      config::Diagnostic d{
-          config::Diagnostic::Severity::kWarning, "checkpoint.every_steps",
-          loaded.where("checkpoint.every_steps"),
-          fmt::format("saving costs about {:.1f}% of training time; raise "
-                      "checkpoint.every_steps{}",
-                      *cost.share * 100,
-                      loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
-      print_diagnostics({d});
-    }
-    report << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
-    // An existing run: what each --resume would do there.
-    const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
-    report << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
-    report << (args->path.empty() ? kEmbeddedConfigName : args->path) << ": valid\n";
-    exit_code = 0;
-  });
+  sub->callback([f, &exit_code] { exit_code = run_validate(*f); });
 }
 
 }  // namespace keel::cli

@@ -15,6 +15,7 @@ enum class EventKind {
   kCheckpointCadence,  // checkpoint.every_steps auto decided
   kStableSnapshot,     // that checkpoint is a stable snapshot
   kLoaderWait,         // training waited for data (backpressure)
+  kMemory,             // the memory plan and the measured peak, once per start
   kWarn,               // a signal crossed its warn threshold; training goes on
   kScreen,             // samples masked out of a step and quarantined
   kSkipNan,            // a non-finite loss or gradient: the update skipped
@@ -48,6 +49,8 @@ constexpr const char* name_of(EventKind kind) {
       return "stable_snapshot";
     case EventKind::kLoaderWait:
       return "loader_wait";
+    case EventKind::kMemory:
+      return "memory";
     case EventKind::kWarn:
       return "warn";
     case EventKind::kScreen:

@@ -57,6 +57,10 @@ class CachingHostAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
   }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  }
 
   static CachingHostAllocator& instance() {
     static auto* allocator =
@@ -92,6 +96,7 @@ class CachingHostAllocator final : public c10::Allocator {
   void note_in_use(void* p, size_t size, bool hit) {  // mu_ held
     in_use_.emplace(p, size);
     stats_.in_use_bytes += static_cast<int64_t>(size);
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
     ++(hit ? stats_.hits : stats_.misses);
   }
 
@@ -166,5 +171,7 @@ size_t default_host_cache_limit() {
 void empty_host_cache() { CachingHostAllocator::instance().empty_cache(); }
 
 HostAllocatorStats host_allocator_stats() { return CachingHostAllocator::instance().stats(); }
+
+void reset_host_peak_in_use() { CachingHostAllocator::instance().reset_peak(); }
 
 }  // namespace keel

@@ -15,10 +15,11 @@
 namespace keel {
 
 struct HostAllocatorStats {
-  int64_t hits = 0;          // large allocations served from the cache
-  int64_t misses = 0;        // large allocations that went to the system
-  int64_t cached_bytes = 0;  // free blocks held now
-  int64_t in_use_bytes = 0;  // large blocks handed out and not yet freed
+  int64_t hits = 0;               // large allocations served from the cache
+  int64_t misses = 0;             // large allocations that went to the system
+  int64_t cached_bytes = 0;       // free blocks held now
+  int64_t in_use_bytes = 0;       // large blocks handed out and not yet freed
+  int64_t peak_in_use_bytes = 0;  // the most in_use_bytes reached since the last reset
 };
 
 // Makes the caching allocator LibTorch's CPU allocator for the rest of the process. Requests
@@ -41,6 +42,8 @@ size_t default_host_cache_limit();
 void empty_host_cache();
 
 HostAllocatorStats host_allocator_stats();
+// Starts a new peak from what is in use now (the memory a stretch of work needed on top).
+void reset_host_peak_in_use();
 
 // The size class a large request is rounded up to (exposed for tests): steps of 1/16 of the
 // next lower power of two, at least 64 KiB, so rounding wastes at most 6.25 %.

@@ -69,8 +69,13 @@ enum class OptimizerName { kAdamW, kLion };
 KEEL_CHOICE(OptimizerName, "adamw", "lion");
 enum class ClipMode { kGlobal, kAdaptive };
 KEEL_CHOICE(ClipMode, "global", "adaptive");
-enum class Switch { kAuto, kOn, kOff };  // optim.fused, logging.progress
+enum class Switch { kAuto, kOn, kOff };  // optim.fused, logging.progress, model.chunked_loss
 KEEL_CHOICE(Switch, "auto", "on", "off");
+// model.activation_checkpointing: what the backward pass recomputes instead of keeping
+// (model/recompute.h): nothing, each whole transformer block, or the norms and activations
+// between the matmuls.
+enum class ActivationCheckpointing { kNone, kFull, kSelective };
+KEEL_CHOICE(ActivationCheckpointing, "none", "full", "selective");
 enum class ScheduleKind { kCosine, kThreePhase, kConstant };
 KEEL_CHOICE(ScheduleKind, "cosine", "three_phase", "constant");
 enum class NanPolicy { kSkip, kPause, kAbort };
@@ -132,6 +137,11 @@ struct ModelConfig {
   bool qk_norm = false;
   double z_loss = 0.0;  // coefficient of the log(Z)^2 auxiliary loss; 0 disables
   double init_std = 0.02;
+  // The head and its cross-entropy over chunks of tokens (model/chunked_loss.h), so the (B*T, V)
+  // logits never exist whole. auto: on CUDA (where the logits are the largest activation), off on
+  // the CPU (where recomputing the head's matmul in the backward pass costs more than it saves).
+  Switch chunked_loss = Switch::kAuto;
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -378,6 +388,8 @@ void visit(V& v, ModelConfig& c) {
   v.field("qk_norm", c.qk_norm);
   v.field("z_loss", c.z_loss);
   v.field("init_std", c.init_std);
+  v.field("chunked_loss", c.chunked_loss);
+  v.field("activation_checkpointing", c.activation_checkpointing);
 }
 template <class V>
 void visit(V& v, LoaderConfig& c) {

@@ -8,7 +8,9 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "model/chunked_loss.h"
 #include "model/fused_ops.h"
+#include "model/recompute.h"
 
 namespace keel::model {
 namespace {
@@ -79,8 +81,11 @@ class AttentionImpl : public torch::nn::Module {
 
   // x (B, T, C); cos/sin (T_max, D/2) or undefined (no rotary) -> (B, T, C)
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-    const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
-    const auto qkv = model::linear(x, qkv_->weight, qkv_->bias);  // (B, T, (H + 2 Hkv) D)
+    return attend(model::linear(x, qkv_->weight, qkv_->bias), cos, sin);
+  }
+  // The rest of forward, from the qkv projection's output (B, T, (H + 2 Hkv) D).
+  Tensor attend(const Tensor& qkv, const Tensor& cos, const Tensor& sin) {
+    const int64_t B = qkv.size(0), T = qkv.size(1), D = head_dim_;
     Tensor q, k, v;                   // heads-first: (B, H, T, D), k and v (B, Hkv, T, D)
     if (cos.defined() && !q_norm_) {  // split and rotate in one pass where the kernel applies
       auto heads = split_qkv_rope(qkv, cos, sin, n_heads_, n_kv_heads_);
@@ -155,6 +160,7 @@ class AttentionImpl : public torch::nn::Module {
     return model::linear(y.transpose(1, 2).reshape({B, T, n_heads_ * D}), proj_->weight,
                          proj_->bias);
   }
+  const torch::nn::Linear& qkv() const { return qkv_; }
   const Tensor& last_output_std() const { return last_std_; }  // () fp32 or undefined
   void set_record_stats(bool on) { record_stats_ = on; }
 
@@ -179,17 +185,26 @@ class MlpImpl : public torch::nn::Module {
     proj_ = register_module(
         "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
   }
-  Tensor forward(const Tensor& x) {                     // (B, T, C) -> (B, T, C)
-    auto h = model::linear(x, fc_->weight, fc_->bias);  // (B, T, 2F) or (B, T, F)
-    if (llama_) {
-      h = swiglu(h);
-    } else {
-      h = F::gelu(h, F::GELUFuncOptions().approximate("tanh"));
-    }
-    return model::linear(h, proj_->weight, proj_->bias);
+  Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
+    return model::linear(activation(model::linear(x, fc_->weight, fc_->bias)), proj_->weight,
+                         proj_->bias);
+  }
+  // Selective recompute: the norm before fc and the activation before proj are computed again in
+  // the backward pass; fc's output and the result are kept.
+  Tensor forward_selective(const Tensor& x, const Norm& norm) {  // x before `norm`
+    const auto h = recompute_then_linear([norm](const Tensor& t) { return norm.ptr()->forward(t); },
+                                         x, fc_->weight, fc_->bias);
+    const bool llama = llama_;
+    return recompute_then_linear([llama](const Tensor& t) { return activation(t, llama); }, h,
+                                 proj_->weight, proj_->bias);
   }
 
  private:
+  Tensor activation(const Tensor& h) const { return activation(h, llama_); }
+  static Tensor activation(const Tensor& h, bool llama) {  // (B, T, 2F) or (B, T, F) -> (B, T, F)
+    return llama ? swiglu(h) : F::gelu(h, F::GELUFuncOptions().approximate("tanh"));
+  }
+
   bool llama_;
   torch::nn::Linear fc_{nullptr}, proj_{nullptr};
 };
@@ -198,15 +213,27 @@ TORCH_MODULE(Mlp);
 // Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const config::ModelConfig& cfg) : dropout_(cfg.dropout) {
+  explicit BlockImpl(const config::ModelConfig& cfg)
+      : dropout_(cfg.dropout),
+        selective_(cfg.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
     attn_norm_ = register_module("attn_norm", Norm(cfg.d_model, is_llama(cfg)));
     attn_ = register_module("attn", Attention(cfg));
     mlp_norm_ = register_module("mlp_norm", Norm(cfg.d_model, is_llama(cfg)));
     mlp_ = register_module("mlp", Mlp(cfg));
   }
   Tensor forward(Tensor x, const Tensor& cos, const Tensor& sin) {  // (B, T, C) -> (B, T, C)
+    if (selective_ && is_training()) return forward_selective(x, cos, sin);
     x = x + residual_dropout(attn_(attn_norm_(x), cos, sin), dropout_, is_training());
     return x + residual_dropout(mlp_(mlp_norm_(x)), dropout_, is_training());
+  }
+  // The norms and activations recomputed in the backward pass; matmul and attention outputs kept.
+  Tensor forward_selective(Tensor x, const Tensor& cos, const Tensor& sin) {
+    const Norm norm = attn_norm_;
+    const auto qkv =
+        recompute_then_linear([norm](const Tensor& t) { return norm.ptr()->forward(t); }, x,
+                              attn_->qkv()->weight, attn_->qkv()->bias);
+    x = x + residual_dropout(attn_->attend(qkv, cos, sin), dropout_, true);
+    return x + residual_dropout(mlp_->forward_selective(x, mlp_norm_), dropout_, true);
   }
   Tensor forward_cached(Tensor x, const Tensor& cos, const Tensor& sin, Tensor& k_cache,
                         Tensor& v_cache, int64_t pos) {
@@ -218,6 +245,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   double dropout_;
+  bool selective_;
   Norm attn_norm_{nullptr}, mlp_norm_{nullptr};
   Attention attn_{nullptr};
   Mlp mlp_{nullptr};
@@ -296,7 +324,7 @@ void TransformerImpl::init_weights() {
   }
 }
 
-torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   if (T > cfg_.seq_len) {
     throw DataError("model: sequence of " + std::to_string(T) +
@@ -305,10 +333,32 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   }
   auto x = tok_emb_(tokens);  // (B, T, C)
   if (pos_emb_) x = x + pos_emb_(torch::arange(T, tokens.options().dtype(torch::kLong)));
-  for (const auto& layer : *layers_) x = layer->as<BlockImpl>()->forward(x, rope_cos_, rope_sin_);
-  x = final_norm_.forward(x);
-  const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
-  return model::linear(x, head);                                      // (B, T, V)
+  const bool full =
+      cfg_.activation_checkpointing == config::ActivationCheckpointing::kFull && is_training();
+  for (const auto& layer : *layers_) {
+    BlockImpl* block = layer->as<BlockImpl>();
+    if (full) {
+      x = recompute([block, cos = rope_cos_,
+                     sin = rope_sin_](const Tensor& t) { return block->forward(t, cos, sin); },
+                    x);
+    } else {
+      x = block->forward(x, rope_cos_, rope_sin_);
+    }
+  }
+  return final_norm_.forward<Tensor>(x);
+}
+
+torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+  return model::linear(hidden(tokens), head_weight());  // (B, T, V)
+}
+
+const torch::Tensor& TransformerImpl::head_weight() const {
+  return lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
+}
+
+bool TransformerImpl::uses_chunked_loss(const torch::Device& device) const {
+  return cfg_.chunked_loss == config::Switch::kOn ||
+         (cfg_.chunked_loss == config::Switch::kAuto && device.is_cuda());
 }
 
 torch::Tensor TransformerImpl::forward_cached(const torch::Tensor& tokens, KvCache& cache) {
@@ -332,6 +382,7 @@ torch::Tensor TransformerImpl::forward_cached(const torch::Tensor& tokens, KvCac
 }
 
 LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  if (uses_chunked_loss(inputs.device())) return chunked_loss(inputs, targets);
   const auto logits = forward(inputs);  // (B, T, V), possibly low precision under autocast
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   const auto lf = logits.reshape({B * T, V}).to(torch::kFloat);  // cross-entropy in fp32
@@ -350,6 +401,21 @@ LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tenso
   }
   const auto ce_det = ce_tok.detach();
   return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1), per_sample};
+}
+
+LossOutput TransformerImpl::chunked_loss(const torch::Tensor& inputs,
+                                         const torch::Tensor& targets) {
+  const auto h = hidden(inputs);  // (B, T, C)
+  const int64_t B = h.size(0), T = h.size(1), V = head_weight().size(0);
+  const auto tok = linear_cross_entropy(h.reshape({B * T, h.size(2)}), head_weight(),
+                                        targets.reshape({B * T}), loss_chunk_rows(V));
+  Tensor loss = tok.ce.mean(), objective = tok.ce;
+  if (cfg_.z_loss > 0.0) {
+    loss = loss + cfg_.z_loss * tok.lse.square().mean();
+    objective = tok.ce + cfg_.z_loss * tok.lse.square();
+  }
+  const auto ce_det = tok.ce.detach();
+  return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1), objective.view({B, T}).mean(1)};
 }
 
 int64_t TransformerImpl::num_parameters() const {

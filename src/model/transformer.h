@@ -40,8 +40,11 @@ class TransformerImpl : public torch::nn::Module {
   // (B, T_new, V), appending their keys and values to `cache`. Inference only (call under
   // NoGradGuard, in eval mode); cache.length + T_new must not exceed model.seq_len.
   torch::Tensor forward_cached(const torch::Tensor& tokens, KvCache& cache);
-  // inputs, targets (B, T) int64 -> losses; cross-entropy computed in fp32.
+  // inputs, targets (B, T) int64 -> losses; cross-entropy computed in fp32. With
+  // model.chunked_loss in effect (uses_chunked_loss) the logits are never whole.
   LossOutput loss(const torch::Tensor& inputs, const torch::Tensor& targets);
+  // model.chunked_loss resolved for the device the model runs on.
+  bool uses_chunked_loss(const torch::Device& device) const;
 
   const config::ModelConfig& config() const { return cfg_; }
   int64_t num_parameters() const;  // unique parameters (tied weights counted once)
@@ -60,6 +63,9 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
   void init_weights();
+  torch::Tensor hidden(const torch::Tensor& tokens);  // (B, T) -> (B, T, C) after the final norm
+  const torch::Tensor& head_weight() const;           // (V, C): the head's, or the tied embedding
+  LossOutput chunked_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   config::ModelConfig cfg_;
   // members defined in the .cpp's private nested modules

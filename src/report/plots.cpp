@@ -49,6 +49,7 @@ const EventStyle kEventStyles[] = {
     {"stable_snapshot", Shape::kTick, "#1c7ed6", "a checkpoint promoted to stable"},
     {"checkpoint", Shape::kTick, "#adb5bd", "a checkpoint was saved"},
     {"checkpoint_cadence", Shape::kTick, "#ced4da", "the checkpoint cadence was measured"},
+    {"memory", Shape::kTick, "#ced4da", "the memory plan and the measured peak were recorded"},
     {"run_start", Shape::kTriangleRight, "#868e96", "the process started"},
     {"run_end", Shape::kTriangleLeft, "#868e96", "the run ended"},
 };

@@ -248,6 +248,10 @@ void Trainer::State::open_record() {
   forensics = std::make_unique<Forensics>(run_dir, cfg.stability.top_k_samples, layers->names(),
                                           comm, device, *train_data);
   recovery = std::make_unique<Recovery>(recovery_parts());
+  model::MemoryPlanOptions plan;
+  plan.world_size = world;
+  plan.cuda = device.is_cuda();
+  memory_watch = std::make_unique<MemoryWatch>(model::plan_memory(cfg, plan), device);
 
   log::info("train", "run directory {}", run_dir);
   log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}",

@@ -442,9 +442,12 @@ void Trainer::loop() {
     s.history.beat({s.counters.step, s.counters.iteration, s.counters.micro_taken});
   };
   beat();
+  s.start_iteration = s.counters.iteration;
   while (s.counters.step < cfg.run.max_steps) {
     s.train_step();
     beat();
+    if (s.memory_watch->due(s.counters.iteration - s.start_iteration))
+      s.event(EventKind::kMemory, s.memory_watch->record(s.comm));
     const int64_t step = s.counters.step;
     const bool last = step == cfg.run.max_steps;
     const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;

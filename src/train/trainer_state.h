@@ -1,7 +1,8 @@
-// Internal to src/train: the trainer's live state, shared by trainer.cpp (setup and the step
-// loop), recovery.cpp (pause, forensics, rollback) and snapshot.cpp (checkpoint capture/restore).
-// The counters live in TrainCounters (counters.h); everything else is grouped by the stage that
-// owns it.
+// Internal to src/train: the trainer's live state, shared by setup.cpp (the start), trainer.cpp
+// (the step loop), step_record.cpp, evaluation.cpp and snapshot.cpp (checkpoint capture/restore).
+// What has state of its own is a component with its own header (counters, checkpoint cadence,
+// quarantine, step record, recovery, forensics, resume source, process settings, run history);
+// this struct holds them and what they share (config, model, optimizer, data, communicator).
 #pragma once
 
 #include <atomic>
@@ -36,6 +37,7 @@
 #include "train/counters.h"
 #include "train/faults.h"
 #include "train/layer_groups.h"
+#include "train/memory_watch.h"
 #include "train/process_settings.h"
 #include "train/quarantine.h"
 #include "train/recovery.h"
@@ -155,6 +157,8 @@ struct Trainer::State {
   std::unique_ptr<StepRecord> step_record;    // metrics.jsonl (opened with the record)
   std::unique_ptr<Forensics> forensics;       // forensics/ (opened with the record)
   std::unique_ptr<Recovery> recovery;         // rollback, dropped steps, a resume's recovery
+  std::unique_ptr<MemoryWatch> memory_watch;  // the plan against the measured peak
+  int64_t start_iteration = 0;                // counters.iteration when this start began
 
   CheckpointCadence cadence{cfg.checkpoint, cfg.run.max_steps};
 

@@ -1,5 +1,6 @@
 // Command-line contracts a script relies on: stdout of `keel validate --print-config` is a config
-// `keel train` loads, and `keel launch` says where `--` goes when it is missing.
+// `keel train` loads, `keel launch` says where `--` goes when it is missing, and `keel validate
+// --device-memory` refuses a config that does not fit with the change that makes it fit.
 #include <gtest/gtest.h>
 
 #include "harness.h"
@@ -40,6 +41,32 @@ TEST(LaunchHint, OptionsOfTheCommandWithoutDashDashAreRefusedWithTheFixedLine) {
                           "run.max_steps=5"),
             std::string::npos)
       << r.output;
+}
+
+// A config whose memory plan does not fit the device is refused before anything is printed on
+// stdout, with the cheapest change that fits; that change then fits.
+TEST(MemoryPlan, DeviceMemoryRefusesWithTheCheapestChangeThatFits) {
+  ScratchDir d("memory_plan");
+  const std::string config = source_path("configs/gpt2-124m.yaml");
+  auto r = run_shell("(" + std::string(KEEL_BINARY) + " validate " + config +
+                     " --no-probe --device-memory 5e9 --print-config > " + d / "out.yaml" + ")");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::ifstream out(d / "out.yaml");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(out)), {}), "");
+  EXPECT_NE(r.output.find("memory plan per rank"), std::string::npos) << r.output;
+  const std::string hint = "HINT: the cheapest change that fits: ";
+  const auto at = r.output.find(hint);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  std::string change = r.output.substr(at + hint.size());
+  change = change.substr(0, change.find('\n'));
+  EXPECT_EQ(change, "model.activation_checkpointing: full");
+  r = run_keel("validate " + config +
+               " --no-probe --device-memory 5e9 --set model.activation_checkpointing=full");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("activation_checkpointing full"), std::string::npos) << r.output;
+  // Fits: no refusal, the plan on the report.
+  r = run_keel("validate " + config + " --no-probe --device-memory 80e9");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

@@ -26,8 +26,9 @@ std::vector<std::string> event_kinds(const std::filesystem::path& run_dir,
   std::vector<std::string> kinds;
   for (auto& e : read_jsonl(run_dir / "events.jsonl")) {
     auto k = e["kind"].get<std::string>();
-    if (skip_checkpoints && (k == "checkpoint" || k == "stable_snapshot" || k == "run_start" ||
-                             k == "run_end" || k == "resume" || k == "checkpoint_cadence"))
+    if (skip_checkpoints &&
+        (k == "checkpoint" || k == "stable_snapshot" || k == "run_start" || k == "run_end" ||
+         k == "resume" || k == "checkpoint_cadence" || k == "memory"))
       continue;
     // Advisory warnings (update ratio, clip rate, drift) carry a "signal"; alarms do not.
     if (skip_checkpoints && k == "warn" && e["detail"].contains("signal")) continue;

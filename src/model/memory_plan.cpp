@@ -1,0 +1,182 @@
+#include "model/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "model/chunked_loss.h"
+#include "model/fused_ops.h"
+
+namespace keel::model {
+namespace {
+
+using config::ActivationCheckpointing;
+
+struct BlockBytes {
+  double kept = 0;        // per block, kept for the backward pass
+  double recomputed = 0;  // of those, what selective recompute does not keep
+};
+
+// One transformer block's tensors kept for the backward pass, for a micro-batch of B x T tokens.
+// `stream` is the residual stream's element size (fp32), `mm` a matmul output's (fp32, or the
+// autocast dtype's).
+BlockBytes block_bytes(const config::Config& cfg, bool cuda) {
+  const auto& m = cfg.model;
+  const double B = static_cast<double>(cfg.data.micro_batch_size);
+  const double T = static_cast<double>(m.seq_len), N = B * T;
+  const double C = static_cast<double>(m.d_model);
+  const double H = static_cast<double>(m.n_heads);
+  const double D = C / H;
+  const double Hkv = static_cast<double>(config::effective_kv_heads(m));
+  const double F = static_cast<double>(config::effective_d_ff(m));
+  const bool fp32 = cfg.run.precision == config::Precision::kFp32;
+  const bool llama = m.arch == config::Arch::kLlama;
+  const double stream = 4, mm = fp32 ? 4 : 2;
+  // The CPU's fused attention (fp32, no dropout, short sequences) keeps its probabilities.
+  const double probs = B * H * T * T * 4;
+  const bool fused_attention = !cuda && fp32 && m.dropout == 0.0 && m.seq_len <= kMaxAttentionSeq &&
+                               probs <= static_cast<double>(kMaxAttentionProbsBytes);
+  const bool fused_rope = !cuda && fp32 && llama && !m.qk_norm;
+
+  BlockBytes b;
+  b.kept += N * C * stream * 2;  // the block's input and the residual after attention (norm inputs)
+  b.kept += N * C * mm * 2;      // the two norms' outputs (the qkv and fc projections' inputs)
+  b.recomputed += N * C * mm * 2;
+  // qkv: kept by the composite rotary (and as q, k, v's storage for gpt2); the fused kernel
+  // writes q, k, v anew and lets it go.
+  if (!fused_rope) b.kept += N * (H + 2 * Hkv) * D * mm;
+  if (llama) b.kept += N * 3 * C * mm;  // q, k, v as attention reads them (k, v repeated to H)
+  b.kept += N * C * mm * 2;             // attention's output, and merged heads (proj's input)
+  b.kept += fused_attention ? probs : N * H * 4;  // probabilities, or the log-sum-exp
+  b.kept += N * F * mm * (llama ? 2 : 1);         // fc's output (the activation's input)
+  b.kept += N * F * mm;                           // the activation's output (proj's input)
+  b.recomputed += N * F * mm;
+  if (m.dropout > 0) b.kept += N * C * 2;  // two residual dropout masks, a byte each
+  return b;
+}
+
+std::string bytes_text(double bytes) {
+  if (bytes >= 1e9) return fmt::format("{:.2f} GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt::format("{:.1f} MB", bytes / 1e6);
+  return fmt::format("{:.0f} kB", bytes / 1e3);
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options) {
+  const auto& m = cfg.model;
+  MemoryPlan plan;
+  const double P = static_cast<double>(config::parameter_count(m));
+  const double W = static_cast<double>(std::max<int64_t>(options.world_size, 1));
+  plan.parameters = config::parameter_count(m);
+  plan.world_size = options.world_size;
+  plan.tokens = cfg.data.micro_batch_size * m.seq_len;
+  const bool several = options.world_size > 1;
+  const bool zero1 = cfg.distributed.zero >= 1 && several;
+
+  plan.weights = 4 * P;
+  // .grad, and the reducer's flat buckets (several ranks): one more fp32 copy of every gradient;
+  // sharded, plus this rank's part of the mean.
+  plan.gradients = 4 * P + (several ? 4 * P : 0) + (zero1 ? 4 * P / W : 0);
+  const double state_per_param = cfg.optim.name == config::OptimizerName::kAdamW ? 8 : 4;
+  plan.optimizer = state_per_param * P / (zero1 ? W : 1);
+  if (cfg.run.precision != config::Precision::kFp32) plan.copies = 2 * P;
+
+  const BlockBytes block = block_bytes(cfg, options.cuda);
+  const double N = static_cast<double>(plan.tokens);
+  const double C = static_cast<double>(m.d_model);
+  const double V = static_cast<double>(m.vocab_size);
+  const double L = static_cast<double>(m.n_layers);
+  switch (m.activation_checkpointing) {
+    case ActivationCheckpointing::kNone:
+      plan.activations = L * block.kept;
+      break;
+    case ActivationCheckpointing::kSelective:
+      plan.activations = L * (block.kept - block.recomputed);
+      break;
+    case ActivationCheckpointing::kFull:
+      plan.activations = L * N * C * 4;  // each block's input
+      // Later in the backward pass, once the loss's tensors are gone: one block rebuilt, with
+      // the gradients of its activations.
+      plan.recompute = 1.5 * block.kept;
+      break;
+  }
+  plan.activations += N * C * 4 * 2;  // the final norm's input and output
+
+  const bool chunked = m.chunked_loss == config::Switch::kOn ||
+                       (m.chunked_loss == config::Switch::kAuto && options.cuda);
+  if (chunked) {
+    // Kept: each token's loss and log-sum-exp. At the start of the backward pass: one chunk's
+    // recomputed logits and their gradient, the head's fp32 gradient and the hidden states'.
+    const double rows = std::min<double>(N, static_cast<double>(loss_chunk_rows(m.vocab_size)));
+    plan.logits = 2 * N * 4 + 2 * rows * V * 4 + V * C * 4 + N * C * 4;
+  } else {
+    // The kept fp32 log-probabilities, and at the start of the backward pass two gradients of
+    // their size.
+    plan.logits = 3 * N * V * 4;
+  }
+  return plan;
+}
+
+std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
+  return fmt::format(
+      "memory plan per rank ({} rank{}, zero {}, activation_checkpointing {}, chunked_loss {}): "
+      "weights {}, gradients {}, optimizer {}, weight copies {}, activations {} ({} tokens per "
+      "micro-batch), loss {}{}; total {}\n",
+      p.world_size, p.world_size == 1 ? "" : "s", cfg.distributed.zero,
+      config::name_of(cfg.model.activation_checkpointing), config::name_of(cfg.model.chunked_loss),
+      bytes_text(p.weights), bytes_text(p.gradients), bytes_text(p.optimizer), bytes_text(p.copies),
+      bytes_text(p.activations), p.tokens, bytes_text(p.logits),
+      p.recompute > 0 ? ", a block recomputed " + bytes_text(p.recompute) : std::string(),
+      bytes_text(p.total()));
+}
+
+std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,
+                                        double budget) {
+  config::Config c = cfg;
+  std::vector<std::pair<std::string, std::string>> settings;  // key, value; in the order made
+  auto set = [&](const std::string& key, const std::string& value) {
+    for (auto& [k, v] : settings)
+      if (k == key) return void(v = value);
+    settings.emplace_back(key, value);
+  };
+  auto fits = [&] { return plan_memory(c, options).total() <= budget; };
+  auto text = [&] {
+    std::string out;
+    for (const auto& [k, v] : settings) out += (out.empty() ? "" : ", ") + k + ": " + v;
+    return out;
+  };
+  const bool chunked_already = c.model.chunked_loss == config::Switch::kOn ||
+                               (c.model.chunked_loss == config::Switch::kAuto && options.cuda);
+  if (!chunked_already) {
+    c.model.chunked_loss = config::Switch::kOn;
+    set("model.chunked_loss", "on");
+    if (fits()) return text();
+  }
+  if (c.model.activation_checkpointing == ActivationCheckpointing::kNone) {
+    c.model.activation_checkpointing = ActivationCheckpointing::kSelective;
+    set("model.activation_checkpointing", "selective");
+    if (fits()) return text();
+  }
+  if (c.model.activation_checkpointing != ActivationCheckpointing::kFull) {
+    c.model.activation_checkpointing = ActivationCheckpointing::kFull;
+    set("model.activation_checkpointing", "full");
+    if (fits()) return text();
+  }
+  if (options.world_size > 1 && c.distributed.zero < 1) {
+    c.distributed.zero = 1;
+    set("distributed.zero", "1");
+    if (fits()) return text();
+  }
+  while (c.data.micro_batch_size % 2 == 0) {  // halved exactly: the global batch stays
+    c.data.micro_batch_size /= 2;
+    c.data.grad_accum_steps *= 2;
+    set("data.micro_batch_size", std::to_string(c.data.micro_batch_size));
+    set("data.grad_accum_steps", std::to_string(c.data.grad_accum_steps));
+    if (fits()) return text();
+  }
+  return std::nullopt;
+}
+
+}  // namespace keel::model

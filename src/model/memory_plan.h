@@ -1,0 +1,60 @@
+// The memory a training run needs on each rank, planned from the config before launch (`keel
+// validate` prints it and refuses a config that does not fit the device) and recorded by `keel
+// train` beside the peak it measures.
+//
+// What is counted, per rank, in bytes:
+//   weights      fp32 master weights
+//   gradients    fp32 gradients (.grad), plus the reducer's flat buckets with several ranks
+//   optimizer    AdamW's two moments (Lion's one), fp32; ZeRO-1 keeps this rank's part only
+//   copies       autocast's low-precision copies of the weights (bf16/fp16 runs)
+//   activations  what the forward pass keeps for the backward pass, for one micro-batch: each
+//                block's tensors (fewer with model.activation_checkpointing)
+//   logits       the loss's fp32 tensors at their peak, at the start of the backward pass: the
+//                (tokens x vocabulary) log-probabilities and two gradients of their size
+//                (model.chunked_loss: one chunk's)
+//   recompute    full checkpointing: one block rebuilt with its gradients, later in the pass
+// The figures follow the tensors keel's own kernels keep; they were checked against the measured
+// peak (bench/memory, docs/benchmarks.md). Allocator fragmentation, the CUDA context and
+// communication buffers are not in them: leave headroom.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config/schema.h"
+
+namespace keel::model {
+
+struct MemoryPlanOptions {
+  int64_t world_size = 1;
+  bool cuda = true;  // the kernels differ: the CPU's fused attention keeps its probabilities
+};
+
+struct MemoryPlan {
+  int64_t parameters = 0;
+  int64_t world_size = 1;
+  int64_t tokens = 0;  // per micro-batch on this rank
+  double weights = 0, gradients = 0, optimizer = 0, copies = 0, activations = 0, logits = 0;
+  double recompute = 0;  // full checkpointing: one block rebuilt late in the backward pass
+  double model_states() const { return weights + gradients + optimizer + copies; }
+  // The peak comes at the start of the backward pass (every activation, the loss's tensors) or,
+  // with full checkpointing, while a block is rebuilt, whichever is larger.
+  double transient() const { return std::max(logits, recompute); }
+  double total() const { return model_states() + activations + transient(); }
+};
+
+MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options);
+
+// "memory plan per rank (...): weights 1.2 GB, ..., total 9.8 GB" for `keel validate`.
+std::string format_memory_plan(const MemoryPlan& plan, const config::Config& cfg);
+
+// The cheapest change to `cfg` that makes the plan fit `budget` bytes per rank, as a sentence
+// naming the keys to set; nullopt when none of the changes keel knows fits. In order: the
+// chunked loss, selective then full activation checkpointing, ZeRO-1 (several ranks), then
+// halving the micro-batch with twice the accumulation (the global batch kept).
+std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,
+                                        double budget);
+
+}  // namespace keel::model

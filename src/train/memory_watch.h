@@ -1,0 +1,49 @@
+// The memory plan (model/memory_plan.h) against the peak the run measures: once per start, after
+// its kMemoryCheckAttempts-th step attempt (by then the gradients, the optimizer state and the
+// allocator's blocks exist), a `memory` event with the plan's parts, the measured peak (the
+// largest over the ranks) and their ratio, and a console warning when they differ by more than
+// kMemoryPlanTolerance.
+//
+// Measured: on CUDA, the caching allocator's peak of allocated bytes since the watch started; on
+// the CPU, the caching host allocator's peak of its blocks (1 MiB and more: small tensors are not
+// in it), so the CPU comparison is only judged where the plan's activations reach
+// kMemoryJudgedCpuBytes; with run.host_allocator: system nothing is measured.
+//
+// Owned by the trainer, which calls due() after every step attempt and record() when it is due
+// (every rank: the peak is agreed over them). Reads allocator statistics; writes nothing itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "distributed/communicator.h"
+#include "model/memory_plan.h"
+
+namespace keel::train {
+
+inline constexpr int64_t kMemoryCheckAttempts = 2;
+inline constexpr double kMemoryPlanTolerance = 0.10;
+inline constexpr double kMemoryJudgedCpuBytes = 64.0 * (1 << 20);
+
+class MemoryWatch {
+ public:
+  // Starts the measured peak from what is in use now.
+  MemoryWatch(model::MemoryPlan plan, torch::Device device);
+
+  bool due(int64_t attempts_this_start) const {
+    return !done_ && attempts_this_start >= kMemoryCheckAttempts;
+  }
+  // The event's detail; logs a warning when the peak and the plan differ by more than the
+  // tolerance where that is judged. Collective.
+  nlohmann::json record(distributed::Communicator& comm);
+
+ private:
+  model::MemoryPlan plan_;
+  torch::Device device_;
+  bool done_ = false;
+};
+
+}  // namespace keel::train

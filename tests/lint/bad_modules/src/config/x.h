@@ -1,0 +1,1 @@
+#include "train/trainer.h"
