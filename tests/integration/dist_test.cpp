@@ -105,6 +105,17 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
                      " --set data.grad_accum_steps=2");
   ASSERT_EQ(r7.exit_code, 0) << r7.output;
   expect_same_losses(a, losses(zero_late));
+
+  // Activation checkpointing recomputes blocks inside the backward pass whose gradient hooks
+  // start the buckets, and the chunked loss computes the head's gradient itself: the same
+  // training with both, under ZeRO-1, overlap in small buckets and accumulation.
+  ScratchDir recompute("dist_recompute");
+  auto r8 = run_keel("launch --nproc 2 -- " + tiny_args(recompute, 4, 50) +
+                     " --set distributed.zero=1 --set distributed.bucket_mb=0.1"
+                     " --set data.grad_accum_steps=2 --set model.activation_checkpointing=full"
+                     " --set model.chunked_loss=on");
+  ASSERT_EQ(r8.exit_code, 0) << r8.output;
+  expect_same_losses(a, losses(recompute));
 }
 
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
