@@ -7,8 +7,12 @@ The same model and global batch trained four ways, alternating, --reps times:
           with distributed.overlap true (gradient buckets all-reduced during the backward pass)
           and false (one flat all-reduce after it), and with ZeRO-1 (distributed.zero=1: the
           buckets reduce-scattered, each rank updates half the weights, and an all-gather after
-          the optimizer step, which step_ms holds and comm_ms does not, gives both the whole model)
-and the median over logged steps after the first --skip (warm-up) is reported. `comm_ms`
+          the optimizer step, which step_ms holds and comm_ms does not, gives both the whole model),
+          with ZeRO-2 (distributed.zero=2: every micro-step's buckets reduce-scattered and no
+          whole gradient kept), and ZeRO-2 with activation checkpointing selective and full
+          (the backward pass recomputes the norms and activations, or whole blocks)
+and the median over logged steps after the first --skip (warm-up) is reported, with the peak per
+rank from the run's `memory` event (the caching host allocator's blocks of 1 MiB and more). `comm_ms`
 (metrics.jsonl) is the host time the step waited for the gradient all-reduce after the backward
 pass: with overlap, the part the backward pass did not hide.
 
@@ -44,10 +48,16 @@ def run(keel, shape, ranks, cores, skip, extra=()):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f][skip:]
-    step = statistics.median(r["step_ms"] for r in rows)
-    tok = statistics.median(r["tokens_per_s"] for r in rows)
-    comm = statistics.median(r.get("comm_ms", 0.0) for r in rows)
-    return step, tok, comm
+        step = statistics.median(r["step_ms"] for r in rows)
+        tok = statistics.median(r["tokens_per_s"] for r in rows)
+        comm = statistics.median(r.get("comm_ms", 0.0) for r in rows)
+        peak = 0.0
+        with open(os.path.join(tmp, "run", "events.jsonl")) as f:
+            for line in f:
+                e = json.loads(line)
+                if e["kind"] == "memory":
+                    peak = e["detail"].get("peak_bytes", 0.0)
+    return step, tok, comm, peak
 
 
 def main():
@@ -59,11 +69,16 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     args = ap.parse_args()
     print("| model | ranks x micro-batch | threads per rank | step ms (median) | tokens/s | "
-          "all-reduce wait ms | its share |")
-    print("|---|---|---|---|---|---|---|")
+          "all-reduce wait ms | its share | peak MB per rank |")
+    print("|---|---|---|---|---|---|---|---|")
     ways = [("1 rank", 1, ()), ("2 ranks, overlap", 2, ("distributed.overlap=true",)),
             ("2 ranks, no overlap", 2, ("distributed.overlap=false",)),
-            ("2 ranks, overlap, zero 1", 2, ("distributed.overlap=true", "distributed.zero=1"))]
+            ("2 ranks, overlap, zero 1", 2, ("distributed.overlap=true", "distributed.zero=1")),
+            ("2 ranks, overlap, zero 2", 2, ("distributed.overlap=true", "distributed.zero=2")),
+            ("2 ranks, zero 2, selective", 2,
+             ("distributed.zero=2", "model.activation_checkpointing=selective")),
+            ("2 ranks, zero 2, full", 2,
+             ("distributed.zero=2", "model.activation_checkpointing=full"))]
     for shape in args.configs:
         results = {name: [] for name, _, _ in ways}
         for _ in range(args.reps):
@@ -73,11 +88,12 @@ def main():
             step = statistics.median(r[0] for r in results[name])
             tok = statistics.median(r[1] for r in results[name])
             comm = statistics.median(r[2] for r in results[name])
+            peak = statistics.median(r[3] for r in results[name])
             batch = SHAPES[shape]["batch"] // ranks
             share = f"{100 * comm / step:.1f} %" if ranks > 1 else "—"
             comm_cell = f"{comm:.2f}" if ranks > 1 else "—"
             print(f"| {shape} | {name}: {ranks} x {batch} | {max(1, args.cores // ranks)} | "
-                  f"{step:.1f} | {tok:,.0f} | {comm_cell} | {share} |")
+                  f"{step:.1f} | {tok:,.0f} | {comm_cell} | {share} | {peak / 1e6:.1f} |")
 
 
 if __name__ == "__main__":

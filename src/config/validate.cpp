@@ -71,11 +71,11 @@ int64_t to_int64(double v) {
 }
 
 // fp32 weights once, and the optimizer's fp32 moments (AdamW two, Lion one) once per rank, or
-// once in all under ZeRO-1, whose ranks each write their part.
+// once in all under ZeRO-1 and 2, whose ranks each write their part.
 int64_t checkpoint_bytes_for(const Config& cfg, int64_t parameters, int64_t world_size) {
   const double moments = cfg.optim.name == OptimizerName::kLion ? 1 : 2;
   const double copies =
-      cfg.distributed.zero == 1 ? 1.0 : static_cast<double>(std::max<int64_t>(world_size, 1));
+      cfg.distributed.zero >= 1 ? 1.0 : static_cast<double>(std::max<int64_t>(world_size, 1));
   const double bytes_per_parameter = 4 + 4 * moments * copies;
   // Trainer state, manifest, config, RNG states and safetensors headers: ~30 kB measured on the
   // tiny model (a few hundred bytes per tensor name plus ~5 kB of CPU RNG state).
@@ -320,11 +320,11 @@ void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& 
   }
   c.positive("distributed.timeout_s", d.timeout_s);
   c.positive("distributed.bucket_mb", d.bucket_mb);
-  if (d.zero != 0 && d.zero != 1)
+  if (d.zero < 0 || d.zero > 2)
     c.error("distributed.zero",
-            "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each rank keeps "
-            "its part); got " +
-                num(d.zero) + " (ZeRO-2/3 shard gradients and weights too and are not built)");
+            "must be 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: each rank keeps "
+            "its part) or 2 (ZeRO-2: the gradients too); got " +
+                num(d.zero) + " (ZeRO-3, sharded weights, is not built)");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {

@@ -18,8 +18,11 @@ class GradReducer::Hook final : public torch::autograd::PostAccumulateGradHook {
 };
 
 GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb,
-                         bool sharded)
-    : comm_(comm), params_(std::move(params)), sharded_(sharded) {
+                         bool sharded, bool release_grads)
+    : comm_(comm),
+      params_(std::move(params)),
+      sharded_(sharded || release_grads),
+      release_grads_(release_grads) {
   // Reverse order: the last layers' gradients are ready first. The first bucket is small (at most
   // 1 MiB, as DDP's) so that communication starts early in the backward pass.
   const double cap = bucket_mb * 1024 * 1024;
@@ -48,8 +51,10 @@ GradReducer::GradReducer(Communicator& comm, std::vector<torch::Tensor> params, 
   for (auto& b : buckets_) {
     b.numel = b.offsets.back() + params_[b.params.back()].numel();
     b.part = sharded_ ? (b.numel + world - 1) / world : b.numel;
-    // Sharded, the padding stays zero: its part of the sum is zero and nobody owns it.
-    b.flat = torch::zeros({sharded_ ? b.part * world : b.numel}, b.flat.options());
+    // Sharded, the padding stays zero: its part of the sum is zero and nobody owns it. Releasing
+    // gradients, the buffer is made when the bucket starts and dropped once it is reduced.
+    b.flat = release_grads_ ? torch::empty({0}, b.flat.options())
+                            : torch::zeros({sharded_ ? b.part * world : b.numel}, b.flat.options());
     if (sharded_) b.shard = torch::zeros({b.part}, b.flat.options());
     b.pending = static_cast<int64_t>(b.params.size());
   }
@@ -67,11 +72,12 @@ GradReducer::~GradReducer() {
     if (bucket_of_[i] >= 0) torch::autograd::impl::set_post_acc_grad_hooks(params_[i], nullptr);
 }
 
-void GradReducer::arm(bool start_in_backward) {
+void GradReducer::arm(bool start_in_backward, bool accumulate) {
   std::lock_guard<std::mutex> lock(mutex_);
   abandon();  // a step that failed mid-way may have left buckets in flight
   started_in_backward_ = 0;
   start_in_backward_ = start_in_backward;
+  accumulate_ = accumulate && release_grads_;  // ZeRO-1 reduces only the last micro-step
   armed_ = true;
 }
 
@@ -83,19 +89,40 @@ void GradReducer::on_ready(int64_t param) {
   while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
     start(buckets_[next_++]);
     ++started_in_backward_;
+    // Releasing gradients, at most kBucketsInFlight flat buffers exist: the backward pass waits
+    // for the oldest before it goes on, so the whole gradient is never in memory at once.
+    if (release_grads_ && next_ > kBucketsInFlight)
+      complete(buckets_[next_ - 1 - kBucketsInFlight]);
   }
 }
 
+void GradReducer::complete(Bucket& b) {
+  if (!b.work) return;
+  auto work = std::move(b.work);
+  work->wait();
+  const double world = comm_.world_size();
+  if (accumulate_) {
+    b.shard.add_(b.incoming.div_(world));
+    b.incoming = torch::Tensor();
+  } else {
+    b.shard.div_(world);
+  }
+  if (release_grads_) b.flat = torch::empty({0}, b.shard.options());
+}
+
 void GradReducer::start(Bucket& b) {
+  if (release_grads_) b.flat = torch::zeros({b.part * comm_.world_size()}, b.shard.options());
   for (size_t k = 0; k < b.params.size(); ++k) {
-    const auto& p = params_[b.params[k]];
+    auto& p = params_[b.params[k]];
     auto slice = b.flat.slice(0, b.offsets[k], b.offsets[k] + p.numel());
     if (p.grad().defined())
       slice.copy_(p.grad().reshape({-1}));
     else
       slice.zero_();
+    if (release_grads_) p.mutable_grad().reset();  // the bucket holds it now
   }
-  b.work = sharded_ ? comm_.reduce_scatter_sum_async_(b.flat, b.shard)
+  if (accumulate_) b.incoming = torch::empty_like(b.shard);
+  b.work = sharded_ ? comm_.reduce_scatter_sum_async_(b.flat, accumulate_ ? b.incoming : b.shard)
                     : comm_.all_reduce_sum_async_(b.flat);
 }
 
@@ -105,12 +132,12 @@ void GradReducer::finish() {
   while (next_ < buckets_.size()) start(buckets_[next_++]);
   const double world = comm_.world_size();
   for (auto& b : buckets_) {
-    auto work = std::move(b.work);
-    work->wait();
     if (sharded_) {
-      b.shard.div_(world);
+      complete(b);
       continue;
     }
+    auto work = std::move(b.work);
+    work->wait();
     b.flat.div_(world);
     for (size_t k = 0; k < b.params.size(); ++k) {
       auto& p = params_[b.params[k]];

@@ -20,11 +20,17 @@ namespace keel::distributed {
 // the mean of part r of every bucket (ceil(n/W) elements of its flat buffer) and owns those
 // elements: it updates them, and all_gather_params() gives every rank the others' parts. The
 // parameters' own .grad then keep this rank's unreduced gradients; shard(b) holds the mean.
+//
+// Sharded gradients (ZeRO-2, `release_grads`): no whole gradient outlives its bucket. A bucket's
+// flat buffer exists only while it is being reduced, the parameters' .grad are released as soon
+// as they are copied into it, and every micro-step of gradient accumulation is reduced (arm it
+// for each backward pass), its mean added into shard(b). Per rank the gradients then take
+// 2/world of the weights' bytes (shard and an incoming part) plus the buckets in flight.
 class GradReducer {
  public:
   // `params` are the trainable parameters (leaves); their hooks stay until the reducer goes.
   GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb,
-              bool sharded = false);
+              bool sharded = false, bool release_grads = false);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -32,7 +38,9 @@ class GradReducer {
   // The next backward pass is the step's last (gradient accumulation: only the final micro-step
   // communicates): buckets start as they fill, unless `start_in_backward` is false (then all
   // start in finish(), after whatever changes the gradients after the backward pass).
-  void arm(bool start_in_backward = true);
+  // `accumulate` (releasing gradients): add this backward pass's mean into shard(b), not replace
+  // it: every micro-step of a step but its first, under release_grads.
+  void arm(bool start_in_backward = true, bool accumulate = false);
   bool armed() const { return armed_; }
   // Starts every bucket not yet started (a parameter without a gradient this step counts as
   // zeros), waits for all of them and writes the mean over ranks back into each .grad (sharded:
@@ -40,6 +48,7 @@ class GradReducer {
   void finish();
 
   bool sharded() const { return sharded_; }
+  bool releases_grads() const { return release_grads_; }
   // Sharded: the elements this rank owns, as pieces of parameters: elements [begin, end) of
   // params[param] (flattened) are elements [offset, offset + end - begin) of shard(bucket).
   struct Piece {
@@ -61,16 +70,21 @@ class GradReducer {
   struct Bucket {
     std::vector<int64_t> params;  // indices into params_
     std::vector<int64_t> offsets;
-    torch::Tensor flat;   // sharded: padded to world x part
-    torch::Tensor shard;  // sharded: this rank's part of the mean, `part` elements
-    int64_t numel = 0;    // of the parameters, without padding
+    torch::Tensor flat;      // sharded: padded to world x part
+    torch::Tensor shard;     // sharded: this rank's part of the mean, `part` elements
+    torch::Tensor incoming;  // accumulating: this backward pass's part, added into `shard`
+    int64_t numel = 0;       // of the parameters, without padding
     int64_t part = 0;
     int64_t pending = 0;  // gradients not yet ready in this backward
     std::unique_ptr<PendingWork> work;
   };
   class Hook;
 
+  static constexpr size_t kBucketsInFlight = 2;  // releasing gradients
   void on_ready(int64_t param);
+  // Sharded: waits for the bucket's reduction and puts its mean into shard(b) (added when
+  // accumulating); releasing gradients, drops its flat buffer. Nothing when it is not in flight.
+  void complete(Bucket& b);
   void start(Bucket& bucket);
   void start_ready_buckets();  // in index order, from next_
   void abandon();              // wait out what is in flight and reset the step's state
@@ -84,6 +98,8 @@ class GradReducer {
   std::vector<bool> ready_;
   std::mutex mutex_;  // the hooks run on autograd's threads
   bool sharded_ = false;
+  bool release_grads_ = false;
+  bool accumulate_ = false;
   bool armed_ = false;
   bool start_in_backward_ = true;
   size_t next_ = 0;  // the first bucket not yet started

@@ -279,8 +279,10 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
 
 std::string ZeroOptimizer::describe() const {
   const int world = comm_.world_size();
-  return inner_->describe() + " (zero1: state sharded over " + std::to_string(world) + " rank" +
-         (world == 1 ? "" : "s") + ")";
+  const bool zero2 = reducer_ != nullptr && reducer_->releases_grads();
+  return inner_->describe() +
+         (zero2 ? " (zero2: state and gradients sharded over " : " (zero1: state sharded over ") +
+         std::to_string(world) + " rank" + (world == 1 ? "" : "s") + ")";
 }
 
 }  // namespace keel::distributed

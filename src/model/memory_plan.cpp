@@ -74,11 +74,19 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
   plan.tokens = cfg.data.micro_batch_size * m.seq_len;
   const bool several = options.world_size > 1;
   const bool zero1 = cfg.distributed.zero >= 1 && several;
+  const bool zero2 = cfg.distributed.zero >= 2 && several;
 
   plan.weights = 4 * P;
-  // .grad, and the reducer's flat buckets (several ranks): one more fp32 copy of every gradient;
-  // sharded, plus this rank's part of the mean.
-  plan.gradients = 4 * P + (several ? 4 * P : 0) + (zero1 ? 4 * P / W : 0);
+  if (zero2) {
+    // This rank's part of the mean, and at most GradReducer::kBucketsInFlight buckets' flat
+    // buffers with the parameters' .grad that wait for the next bucket.
+    const double bucket = cfg.distributed.bucket_mb * (1 << 20);
+    plan.gradients = 4 * P / W + std::min(4 * P, 3 * bucket);
+  } else {
+    // .grad, and the reducer's flat buckets (several ranks): one more fp32 copy of every
+    // gradient; sharded, plus this rank's part of the mean.
+    plan.gradients = 4 * P + (several ? 4 * P : 0) + (zero1 ? 4 * P / W : 0);
+  }
   const double state_per_param = cfg.optim.name == config::OptimizerName::kAdamW ? 8 : 4;
   plan.optimizer = state_per_param * P / (zero1 ? W : 1);
   if (cfg.run.precision != config::Precision::kFp32) plan.copies = 2 * P;
@@ -164,9 +172,9 @@ std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryP
     set("model.activation_checkpointing", "full");
     if (fits()) return text();
   }
-  if (options.world_size > 1 && c.distributed.zero < 1) {
-    c.distributed.zero = 1;
-    set("distributed.zero", "1");
+  for (int64_t zero = c.distributed.zero + 1; options.world_size > 1 && zero <= 2; ++zero) {
+    c.distributed.zero = zero;
+    set("distributed.zero", std::to_string(zero));
     if (fits()) return text();
   }
   while (c.data.micro_batch_size % 2 == 0) {  // halved exactly: the global batch stays

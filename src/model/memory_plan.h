@@ -4,8 +4,9 @@
 //
 // What is counted, per rank, in bytes:
 //   weights      fp32 master weights
-//   gradients    fp32 gradients (.grad), plus the reducer's flat buckets with several ranks
-//   optimizer    AdamW's two moments (Lion's one), fp32; ZeRO-1 keeps this rank's part only
+//   gradients    fp32 gradients (.grad), plus the reducer's flat buckets with several ranks;
+//                ZeRO-2 keeps this rank's part and the buckets in flight only
+//   optimizer    AdamW's two moments (Lion's one), fp32; ZeRO-1 and 2 keep this rank's part
 //   copies       autocast's low-precision copies of the weights (bf16/fp16 runs)
 //   activations  what the forward pass keeps for the backward pass, for one micro-batch: each
 //                block's tensors (fewer with model.activation_checkpointing)
@@ -52,7 +53,7 @@ std::string format_memory_plan(const MemoryPlan& plan, const config::Config& cfg
 
 // The cheapest change to `cfg` that makes the plan fit `budget` bytes per rank, as a sentence
 // naming the keys to set; nullopt when none of the changes keel knows fits. In order: the
-// chunked loss, selective then full activation checkpointing, ZeRO-1 (several ranks), then
+// chunked loss, selective then full activation checkpointing, ZeRO-1 then 2 (several ranks), then
 // halving the micro-batch with twice the accumulation (the global batch kept).
 std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,
                                         double budget);

@@ -4,10 +4,11 @@
 // largest over the ranks) and their ratio, and a console warning when they differ by more than
 // kMemoryPlanTolerance.
 //
-// Measured: on CUDA, the caching allocator's peak of allocated bytes since the watch started; on
-// the CPU, the caching host allocator's peak of its blocks (1 MiB and more: small tensors are not
-// in it), so the CPU comparison is only judged where the plan's activations reach
-// kMemoryJudgedCpuBytes; with run.host_allocator: system nothing is measured.
+// Measured: on CUDA, the caching allocator's peak of allocated bytes since the watch started,
+// judged against the plan; on the CPU, the caching host allocator's peak of its blocks (1 MiB and
+// more: small tensors are not in it), recorded but not judged (bench/memory and the unit tests
+// check the plan on the CPU at shapes where every tensor is such a block); with
+// run.host_allocator: system nothing is measured.
 //
 // Owned by the trainer, which calls due() after every step attempt and record() when it is due
 // (every rank: the peak is agreed over them). Reads allocator statistics; writes nothing itself.
@@ -26,7 +27,6 @@ namespace keel::train {
 
 inline constexpr int64_t kMemoryCheckAttempts = 2;
 inline constexpr double kMemoryPlanTolerance = 0.10;
-inline constexpr double kMemoryJudgedCpuBytes = 64.0 * (1 << 20);
 
 class MemoryWatch {
  public:

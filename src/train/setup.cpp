@@ -201,12 +201,13 @@ void Trainer::State::build_model() {
     named_params.emplace_back(item.key(), item.value());
     params.push_back(item.value());
   }
-  // ZeRO-1 reduce-scatters the gradient buckets, so its reducer exists whether or not the buckets
-  // overlap the backward pass; without ZeRO, overlap: false is one flat all-reduce instead.
-  const bool zero = cfg.distributed.zero == 1;
+  // ZeRO-1 and 2 reduce-scatter the gradient buckets, so their reducer exists whether or not the
+  // buckets overlap the backward pass (ZeRO-2 also releases each gradient once it is in its
+  // bucket); without ZeRO, overlap: false is one flat all-reduce instead.
+  const bool zero = cfg.distributed.zero >= 1;
   if (comm.is_process_group() && (zero || cfg.distributed.overlap))
-    reducer =
-        std::make_unique<distributed::GradReducer>(comm, params, cfg.distributed.bucket_mb, zero);
+    reducer = std::make_unique<distributed::GradReducer>(
+        comm, params, cfg.distributed.bucket_mb, zero, /*release_grads=*/cfg.distributed.zero >= 2);
   if (zero) {
     auto sharded =
         std::make_unique<distributed::ZeroOptimizer>(named_params, cfg.optim, comm, reducer.get());

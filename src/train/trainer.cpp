@@ -116,6 +116,19 @@ data::Batch Trainer::State::next_batch() {
   return batch;
 }
 
+// Only the step's last backward pass communicates (ZeRO-2: every one, keeping no whole
+// gradient); its buckets start as they fill (after it, when a fault is to change the gradients,
+// or with overlap off). Whether micro-step `micro`'s gradients are reduced.
+bool Trainer::State::arm_reducer(int64_t micro) {
+  const bool last = micro == cfg.data.grad_accum_steps - 1;
+  if (!reducer || !(last || reducer->releases_grads())) return false;
+  const bool start_in_backward =
+      cfg.distributed.overlap && !(last && faults->touches_gradients(counters.iteration));
+  if (start_in_backward || reducer->sharded())
+    reducer->arm(start_in_backward, /*accumulate=*/micro > 0);
+  return true;
+}
+
 // Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. With a
 // screen threshold, samples whose loss is above it (not NaN ones: those are the guard's) weigh 0,
 // the rest 1/B each. Returns (2) on the device: the kept samples' summed cross-entropy and their
@@ -161,14 +174,13 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     }
     torch::Tensor scaled = objective / static_cast<double>(accum);
     if (scaler) scaled = scaled * scaler->scale();
-    // Only the step's last backward communicates; its buckets start as they fill (after it, when
-    // a fault is to change the gradients, or with overlap off).
-    if (reducer && micro == accum - 1) {
-      const bool start_in_backward =
-          cfg.distributed.overlap && !faults->touches_gradients(counters.iteration);
-      if (start_in_backward || reducer->sharded()) reducer->arm(start_in_backward);
-    }
+    const bool reduce_now = arm_reducer(micro);
     scaled.backward();
+    if (reduce_now && micro < accum - 1) {  // the last micro-step's are finished in measure()
+      const auto comm_start = Clock::now();
+      reducer->finish();
+      step_record->window().comm_s += seconds_since(comm_start);
+    }
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
       step_samples.losses.push_back(out.per_sample_loss);

@@ -65,6 +65,7 @@ struct Trainer::State {
   void train_step();
   bool is_log_step() const;
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
+  bool arm_reducer(int64_t micro);
   StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold);
   double clip_bound() const;
   // The guard's verdict on the step: it reads the step's values once and writes nothing.
@@ -127,7 +128,7 @@ struct Trainer::State {
   std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
   distributed::ZeroOptimizer* zero_optimizer =
-      nullptr;  // the optimizer, when distributed.zero is 1
+      nullptr;  // the optimizer, when distributed.zero is 1 or 2
   std::optional<optim::DynamicLossScaler> scaler;
 
   // Data.

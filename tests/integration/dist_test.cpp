@@ -108,14 +108,22 @@ TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
 
   // Activation checkpointing recomputes blocks inside the backward pass whose gradient hooks
   // start the buckets, and the chunked loss computes the head's gradient itself: the same
-  // training with both, under ZeRO-1, overlap in small buckets and accumulation.
+  // training with both, under ZeRO-2 (every micro-step reduced, gradients released, at most two
+  // small buckets in flight) with accumulation.
   ScratchDir recompute("dist_recompute");
   auto r8 = run_keel("launch --nproc 2 -- " + tiny_args(recompute, 4, 50) +
-                     " --set distributed.zero=1 --set distributed.bucket_mb=0.1"
+                     " --set distributed.zero=2 --set distributed.bucket_mb=0.1"
                      " --set data.grad_accum_steps=2 --set model.activation_checkpointing=full"
                      " --set model.chunked_loss=on");
   ASSERT_EQ(r8.exit_code, 0) << r8.output;
+  EXPECT_NE(r8.output.find("(zero2: state and gradients sharded over 2 ranks)"), std::string::npos)
+      << r8.output;
   expect_same_losses(a, losses(recompute));
+  ScratchDir zero2_late("dist_zero2_late");  // ZeRO-2 with the buckets reduced after the backward
+  auto r9 = run_keel("launch --nproc 2 -- " + tiny_args(zero2_late, 8, 50) +
+                     " --set distributed.zero=2 --set distributed.overlap=false");
+  ASSERT_EQ(r9.exit_code, 0) << r9.output;
+  expect_same_losses(a, losses(zero2_late));
 }
 
 // The guard's signals are reduced over the ranks, so every rank takes the same decision. Bad data
@@ -165,6 +173,10 @@ TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroOne) {
   expect_guard_decisions_together("dist_guard_zero", " --set distributed.zero=1");
 }
 
+TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroTwo) {
+  expect_guard_decisions_together("dist_guard_zero2", " --set distributed.zero=2");
+}
+
 // The newest record of each step: a resumed run logs again the steps after its checkpoint.
 std::map<int64_t, nlohmann::json> by_step(const std::filesystem::path& file) {
   std::map<int64_t, nlohmann::json> out;
@@ -208,6 +220,19 @@ void expect_resume_across_world_sizes(const std::string& name, const std::string
     ASSERT_TRUE(ref_samples.count(step) && one_samples.count(step)) << step;
     EXPECT_EQ(one_samples.at(step)["ids"], ref_samples.at(step)["ids"]) << "2 -> 1, step " << step;
   }
+}
+
+// ZeRO-2 writes ZeRO-1's checkpoints: any world size resumes them, and so does ZeRO-1.
+TEST(DistIntegration, ZeroTwoResumesAtAnyWorldSizeAndUnderZeroOne) {
+  expect_resume_across_world_sizes("dist_zero2_resume", " --set distributed.zero=2");
+  ScratchDir d("dist_zero2_to_one");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 4) + " --set distributed.zero=2" +
+                    " --set checkpoint.every_steps=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 8) + " --set distributed.zero=1" +
+               " --set checkpoint.every_steps=4 --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"], 8);
 }
 
 TEST(DistIntegration, ResumeAtTheSameOrAnotherWorldSize) {

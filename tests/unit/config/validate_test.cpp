@@ -141,7 +141,7 @@ TEST(ConfigValidate, EachRuleReportsOneErrorAtItsKey) {
       {"eval:\n  every_steps: -1\n", "eval.every_steps", 2, ">= 0"},
       {"logging:\n  progress: sometimes\n", "logging.progress", 2, "auto|on|off"},
       {"distributed:\n  backend: mpi\n", "distributed.backend", 2, "auto|nccl|gloo"},
-      {"distributed:\n  zero: 2\n", "distributed.zero", 2, "ZeRO-2/3"},
+      {"distributed:\n  zero: 3\n", "distributed.zero", 2, "ZeRO-3"},
       {"faults:\n  - kind: meteor\n", "faults[0].kind", 2, "corrupt_batch|nan_grad|lr_spike"},
       {"faults:\n  - kind: corrupt_batch\n    mode: reverse\n", "faults[0].mode", 3,
        "random_tokens|repeat_token|shuffled"},

@@ -1,5 +1,5 @@
-// The memory watch: once due, it records the plan and the measured peak, and judges the CPU's
-// figure only where the plan's activations are large enough for big blocks to dominate.
+// The memory watch: once due, it records the plan and the measured peak (on the CPU, the caching
+// host allocator's, recorded but not judged: it leaves out blocks under 1 MiB).
 #include "train/memory_watch.h"
 
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@ TEST(MemoryWatch, RecordsThePeakSinceItStartedOnceDue) {
   auto keep = torch::ones({4 << 20});  // 16 MiB in use before the watch starts
   model::MemoryPlan plan;
   plan.weights = 16.0 * (1 << 20);
-  plan.activations = 100.0 * (1 << 20);  // judged on the CPU
+  plan.activations = 100.0 * (1 << 20);
   MemoryWatch watch(plan, torch::kCPU);
   EXPECT_FALSE(watch.due(1));
   EXPECT_TRUE(watch.due(kMemoryCheckAttempts));
@@ -28,7 +28,7 @@ TEST(MemoryWatch, RecordsThePeakSinceItStartedOnceDue) {
   EXPECT_DOUBLE_EQ(detail["plan"]["total"].get<double>(), 116.0 * (1 << 20));
   EXPECT_GE(detail["peak_bytes"].get<double>(), 116.0 * (1 << 20));
   EXPECT_NEAR(detail["peak_over_plan"].get<double>(), 1.0, 0.02);
-  EXPECT_TRUE(detail["judged"].get<bool>());
+  EXPECT_FALSE(detail["judged"].get<bool>());  // small tensors are not in the CPU's figure
   restore_default_host_allocator();
 }
 
