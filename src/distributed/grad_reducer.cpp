@@ -201,7 +201,14 @@ void GradReducer::abandon() {
       b.work.reset();
     }
     b.pending = static_cast<int64_t>(b.params.size());
+    if (release_grads_) {  // a step that failed mid-way: nothing of it may reach the next one
+      b.flat = torch::empty({0}, b.shard.options());
+      b.incoming = torch::Tensor();
+    }
   }
+  if (release_grads_)
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().reset();
   std::fill(ready_.begin(), ready_.end(), false);
   next_ = 0;
   armed_ = false;

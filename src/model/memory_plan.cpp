@@ -78,10 +78,14 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
 
   plan.weights = 4 * P;
   if (zero2) {
-    // This rank's part of the mean, and at most GradReducer::kBucketsInFlight buckets' flat
-    // buffers with the parameters' .grad that wait for the next bucket.
-    const double bucket = cfg.distributed.bucket_mb * (1 << 20);
-    plan.gradients = 4 * P / W + std::min(4 * P, 3 * bucket);
+    // This rank's part of the mean, plus what is not yet reduced. A bucket holds up to
+    // bucket_mb and one parameter more (the embedding or head, V x C, may be one alone).
+    // Overlapped: at most GradReducer::kBucketsInFlight flat buffers, and the .grad waiting for
+    // the next bucket. Otherwise every .grad exists until the buckets start after the pass.
+    const double largest = static_cast<double>(m.vocab_size) * static_cast<double>(m.d_model) * 4;
+    const double bucket = std::min(4 * P, cfg.distributed.bucket_mb * (1 << 20) + largest);
+    plan.gradients =
+        4 * P / W + (cfg.distributed.overlap ? std::min(4 * P, 3 * bucket) : 4 * P + bucket);
   } else {
     // .grad, and the reducer's flat buckets (several ranks): one more fp32 copy of every
     // gradient; sharded, plus this rank's part of the mean.

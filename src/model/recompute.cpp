@@ -132,7 +132,8 @@ struct RecomputeThenLinear : torch::autograd::Function<RecomputeThenLinear> {
     Tensor grad_weight = at::mm(g2.t(), h2).to(weight.scalar_type());
     Tensor grad_bias = bias.numel() > 0 ? g2.sum(0).to(bias.scalar_type()) : Tensor();
     Tensor grad_h = at::mm(g2, w).view(h.sizes()).to(h.scalar_type());
-    torch::autograd::backward({h}, {grad_h});
+    if (h.requires_grad())
+      torch::autograd::backward({h}, {grad_h});  // else fn has nothing to train
     return {input.grad(), grad_weight, grad_bias, Tensor()};
   }
 };
@@ -141,6 +142,11 @@ struct RecomputeThenLinear : torch::autograd::Function<RecomputeThenLinear> {
 
 Tensor recompute(Region fn, const Tensor& x) {
   if (!torch::GradMode::is_enabled()) return fn(x);
+  // The region's output records a gradient only through x: with an x that records none, the
+  // parameters inside would silently get none.
+  TORCH_CHECK(x.requires_grad(),
+              "recompute: the region's input does not require grad, so its parameters would get "
+              "no gradient");
   return Recompute::apply(x, std::move(fn));
 }
 

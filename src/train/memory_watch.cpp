@@ -1,6 +1,7 @@
 #include "train/memory_watch.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <cmath>
 
@@ -10,9 +11,13 @@
 namespace keel::train {
 namespace {
 
+c10::DeviceIndex cuda_index(const torch::Device& device) {
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
+
 std::optional<double> measured_peak(const torch::Device& device) {
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(device));
     return static_cast<double>(
         stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
             .peak);
@@ -26,7 +31,7 @@ std::optional<double> measured_peak(const torch::Device& device) {
 MemoryWatch::MemoryWatch(model::MemoryPlan plan, torch::Device device)
     : plan_(plan), device_(device) {
   if (device_.is_cuda())
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device_));
   else
     reset_host_peak_in_use();
 }
