@@ -24,11 +24,10 @@ model::MemoryPlanOptions plan_options(const config::Config& cfg, int64_t world) 
   return options;
 }
 
-// With a device budget the plan does not fit: says so, with the cheapest change that fits.
-bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded, int64_t world,
+// With a device budget `plan` does not fit: says so, with the cheapest change that fits.
+bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded,
+                   const model::MemoryPlanOptions& options, const model::MemoryPlan& plan,
                    double device_memory) {
-  const auto options = plan_options(cfg, world);
-  const auto plan = model::plan_memory(cfg, options);
   if (device_memory <= 0 || plan.total() <= device_memory) return false;
   const auto fit = model::cheapest_fit(cfg, options, device_memory);
   config::Diagnostic d{
@@ -67,7 +66,9 @@ int run_validate(const ValidateFlags& f) {
     return 2;
   }
   const config::Config cfg = resolved(loaded);
-  if (refuse_memory(cfg, loaded, f.world, f.device_memory)) return 2;  // before any output
+  const auto plan_opts = plan_options(cfg, f.world);
+  const auto plan = model::plan_memory(cfg, plan_opts);
+  if (refuse_memory(cfg, loaded, plan_opts, plan, f.device_memory)) return 2;  // before any output
   // With --print-config, stdout is the config alone (loadable by `keel train`); the estimates,
   // the checklist and the verdict go to stderr.
   std::ostream& report = f.print_config ? std::cerr : std::cout;
@@ -89,7 +90,7 @@ int run_validate(const ValidateFlags& f) {
                     loaded.config.checkpoint.async ? "" : " or set checkpoint.async: true")};
     print_diagnostics({d});
   }
-  report << format_memory_plan(model::plan_memory(cfg, plan_options(cfg, f.world)), cfg);
+  report << format_memory_plan(plan, cfg);
   report << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
   // An existing run: what each --resume would do there.
   const fs::path run_dir = train::resolve_run_dir(loaded.config, {});

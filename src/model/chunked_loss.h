@@ -8,7 +8,14 @@
 
 #include <torch/torch.h>
 
+#include "config/schema.h"
+
 namespace keel::model {
+
+// model.chunked_loss resolved for a device: on, or auto on CUDA.
+inline bool chunked_loss_in_effect(const config::ModelConfig& m, bool cuda) {
+  return m.chunked_loss == config::Switch::kOn || (m.chunked_loss == config::Switch::kAuto && cuda);
+}
 
 struct TokenLosses {
   torch::Tensor ce;   // (N) fp32: -log p(target), with gradient

@@ -67,9 +67,9 @@ std::string bytes_text(double bytes) {
 MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options) {
   const auto& m = cfg.model;
   MemoryPlan plan;
-  const double P = static_cast<double>(config::parameter_count(m));
-  const double W = static_cast<double>(std::max<int64_t>(options.world_size, 1));
   plan.parameters = config::parameter_count(m);
+  const double P = static_cast<double>(plan.parameters);
+  const double W = static_cast<double>(std::max<int64_t>(options.world_size, 1));
   plan.world_size = options.world_size;
   plan.tokens = cfg.data.micro_batch_size * m.seq_len;
   const bool several = options.world_size > 1;
@@ -116,9 +116,7 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
   }
   plan.activations += N * C * 4 * 2;  // the final norm's input and output
 
-  const bool chunked = m.chunked_loss == config::Switch::kOn ||
-                       (m.chunked_loss == config::Switch::kAuto && options.cuda);
-  if (chunked) {
+  if (chunked_loss_in_effect(m, options.cuda)) {
     // Kept: each token's loss and log-sum-exp. At the start of the backward pass: one chunk's
     // recomputed logits and their gradient, the head's fp32 gradient and the hidden states'.
     const double rows = std::min<double>(N, static_cast<double>(loss_chunk_rows(m.vocab_size)));
@@ -159,9 +157,7 @@ std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryP
     for (const auto& [k, v] : settings) out += (out.empty() ? "" : ", ") + k + ": " + v;
     return out;
   };
-  const bool chunked_already = c.model.chunked_loss == config::Switch::kOn ||
-                               (c.model.chunked_loss == config::Switch::kAuto && options.cuda);
-  if (!chunked_already) {
+  if (!chunked_loss_in_effect(c.model, options.cuda)) {
     c.model.chunked_loss = config::Switch::kOn;
     set("model.chunked_loss", "on");
     if (fits()) return text();

@@ -174,6 +174,11 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
+// A norm as a region that selective recompute reruns (model/recompute.h).
+Region norm_region(const Norm& norm) {
+  return [norm](const Tensor& t) { return norm.ptr()->forward(t); };
+}
+
 // llama: SwiGLU, fc holds gate and up side by side (C -> 2F); gpt2: GELU(tanh) with biases.
 class MlpImpl : public torch::nn::Module {
  public:
@@ -192,8 +197,7 @@ class MlpImpl : public torch::nn::Module {
   // Selective recompute: the norm before fc and the activation before proj are computed again in
   // the backward pass; fc's output and the result are kept.
   Tensor forward_selective(const Tensor& x, const Norm& norm) {  // x before `norm`
-    const auto h = recompute_then_linear([norm](const Tensor& t) { return norm.ptr()->forward(t); },
-                                         x, fc_->weight, fc_->bias);
+    const auto h = recompute_then_linear(norm_region(norm), x, fc_->weight, fc_->bias);
     const bool llama = llama_;
     return recompute_then_linear([llama](const Tensor& t) { return activation(t, llama); }, h,
                                  proj_->weight, proj_->bias);
@@ -228,10 +232,8 @@ class BlockImpl : public torch::nn::Module {
   }
   // The norms and activations recomputed in the backward pass; matmul and attention outputs kept.
   Tensor forward_selective(Tensor x, const Tensor& cos, const Tensor& sin) {
-    const Norm norm = attn_norm_;
     const auto qkv =
-        recompute_then_linear([norm](const Tensor& t) { return norm.ptr()->forward(t); }, x,
-                              attn_->qkv()->weight, attn_->qkv()->bias);
+        recompute_then_linear(norm_region(attn_norm_), x, attn_->qkv()->weight, attn_->qkv()->bias);
     x = x + residual_dropout(attn_->attend(qkv, cos, sin), dropout_, true);
     return x + residual_dropout(mlp_->forward_selective(x, mlp_norm_), dropout_, true);
   }
@@ -357,8 +359,7 @@ const torch::Tensor& TransformerImpl::head_weight() const {
 }
 
 bool TransformerImpl::uses_chunked_loss(const torch::Device& device) const {
-  return cfg_.chunked_loss == config::Switch::kOn ||
-         (cfg_.chunked_loss == config::Switch::kAuto && device.is_cuda());
+  return chunked_loss_in_effect(cfg_, device.is_cuda());
 }
 
 torch::Tensor TransformerImpl::forward_cached(const torch::Tensor& tokens, KvCache& cache) {
