@@ -10,7 +10,10 @@ The same model and global batch trained four ways, alternating, --reps times:
           the optimizer step, which step_ms holds and comm_ms does not, gives both the whole model),
           with ZeRO-2 (distributed.zero=2: every micro-step's buckets reduce-scattered and no
           whole gradient kept), and ZeRO-2 with activation checkpointing selective and full
-          (the backward pass recomputes the norms and activations, or whole blocks)
+          (the backward pass recomputes the norms and activations, or whole blocks), and ZeRO-3
+          (distributed.zero=3: each unit's weights all-gathered before it runs, forward and
+          backward, its gradients reduce-scattered; the gathers' wait is in step_ms, not comm_ms)
+          with checkpointing off, selective and full
 and the median over logged steps after the first --skip (warm-up) is reported, with the peak per
 rank from the run's `memory` event (the caching host allocator's blocks of 1 MiB and more). `comm_ms`
 (metrics.jsonl) is the host time the step waited for the gradient all-reduce after the backward
@@ -78,7 +81,12 @@ def main():
             ("2 ranks, zero 2, selective", 2,
              ("distributed.zero=2", "model.activation_checkpointing=selective")),
             ("2 ranks, zero 2, full", 2,
-             ("distributed.zero=2", "model.activation_checkpointing=full"))]
+             ("distributed.zero=2", "model.activation_checkpointing=full")),
+            ("2 ranks, zero 3", 2, ("distributed.zero=3",)),
+            ("2 ranks, zero 3, selective", 2,
+             ("distributed.zero=3", "model.activation_checkpointing=selective")),
+            ("2 ranks, zero 3, full", 2,
+             ("distributed.zero=3", "model.activation_checkpointing=full"))]
     for shape in args.configs:
         results = {name: [] for name, _, _ in ways}
         for _ in range(args.reps):

@@ -11,6 +11,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/tensor_file.h"
+#include "checkpoint/weight_parts.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -60,8 +61,12 @@ uint64_t Checkpointer::write_rank_files(const fs::path& staging, int64_t step,
   };
   const StringMap meta = {
       {"format", "pt"}, {"keel_version", keel_version_}, {"step", std::to_string(step)}};
-  if (rank_ == 0)
+  if (is_weight_parts(data.model)) {  // ZeRO-3: every rank its own part (weight_parts.h)
+    std::string part = rank_file("model", rank_, "safetensors");
+    record(part, write_safetensors(staging / part, data.model, meta));
+  } else if (rank_ == 0) {
     record("model.safetensors", write_safetensors(staging / "model.safetensors", data.model, meta));
+  }
   std::string opt = rank_file("optimizer", rank_, "safetensors");
   record(opt, write_safetensors(staging / opt, data.optimizer, meta));
   std::string extra = rank_file("extra", rank_, "safetensors");

@@ -280,9 +280,15 @@ VerifyResult verify_checkpoint(const fs::path& dir) {
   } catch (const CheckpointError& e) {
     return {false, e.what()};
   }
-  std::vector<std::string> required = {"model.safetensors", "trainer_state.json"};
-  for (int r = 0; r < m.world_size; ++r)
+  // The weights whole (model.safetensors) or in every rank's part (ZeRO-3).
+  const bool parts =
+      !m.files.count("model.safetensors") && m.files.count(rank_file("model", 0, "safetensors"));
+  std::vector<std::string> required = {
+      parts ? rank_file("model", 0, "safetensors") : "model.safetensors", "trainer_state.json"};
+  for (int r = 0; r < m.world_size; ++r) {
     required.push_back(rank_file("optimizer", r, "safetensors"));
+    if (parts) required.push_back(rank_file("model", r, "safetensors"));
+  }
   for (const auto& name : required)
     if (!m.files.count(name))
       return {false, (dir / kManifest).string() + ": does not list " + name};
@@ -348,7 +354,13 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   // the data order is).
   const int source = rank % m.world_size;
   CheckpointData d;
-  d.model = load_tensors(dir, m, "model.safetensors");
+  if (m.files.count("model.safetensors")) {
+    d.model = load_tensors(dir, m, "model.safetensors");
+  } else {  // ZeRO-3: every rank's part, merged (piece keys are unique across the parts)
+    for (int r = 0; r < m.world_size; ++r)
+      for (auto& [k, v] : load_tensors(dir, m, rank_file("model", r, "safetensors")))
+        d.model[k] = std::move(v);
+  }
   if (m.optimizer_sharded && m.world_size != world_size) {
     for (int r = 0; r < m.world_size; ++r)
       for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))

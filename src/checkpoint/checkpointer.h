@@ -2,6 +2,8 @@
 //
 //   CHECKPOINTS/step_00001000/            a committed checkpoint (readers never see a partial one)
 //     model.safetensors                   rank 0: weights (Hugging Face-loadable)
+//     model.rank{r}.safetensors           ZeRO-3, instead: rank r's part of the weights, pieces
+//                                         named by parameter and position (weight_parts.h)
 //     optimizer.rank{r}.safetensors       rank r: its fp32 optimizer state
 //     extra.rank{r}.safetensors           rank r: RNG states, loss scaler, ... (uint8 etc. tensors)
 //     files.rank{r}.json                  rank r > 0 only: sizes + checksums of its files
@@ -54,7 +56,7 @@ namespace keel::checkpoint {
 
 // What a checkpoint holds. Tensors may live on any device; they are read back on CPU.
 struct CheckpointData {
-  std::map<std::string, torch::Tensor> model;
+  std::map<std::string, torch::Tensor> model;  // whole by name, or a rank's parts (weight_parts.h)
   std::map<std::string, torch::Tensor> optimizer;      // this rank's (or every rank's part)
   std::map<std::string, torch::Tensor> extra_tensors;  // RNG states (uint8), loss-scaler state, ...
   nlohmann::json trainer_state;  // step, schedule, data position, guard state, counters (opaque)

@@ -23,6 +23,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_format.h"
 #include "checkpoint/tensor_file.h"
+#include "checkpoint/weight_parts.h"
 #include "cli/commands.h"
 #include "cli/trained_model.h"
 #include "common/error.h"
@@ -108,11 +109,21 @@ int export_hf(const ExportArgs& a) {
   const config::ModelConfig& m = cfg.model;
   const std::string arch = checkpoint::hf_architecture(m);  // refuses what transformers lacks
 
-  checkpoint::FileDigest digest;
-  auto weights = checkpoint::read_safetensors(dir / "model.safetensors", &digest);
-  check_digest(dir, manifest, "model.safetensors", digest.size, checkpoint::xxh3_hex(digest.xxh3));
-  const auto tensors =
-      checkpoint::to_hf_tensors(weights.tensors, m, (dir / "model.safetensors").string());
+  // model.safetensors, or a ZeRO-3 checkpoint's parts (model.rank{r}.safetensors) put together.
+  std::vector<std::string> listed;
+  for (const auto& [name, f] : manifest.files) listed.push_back(name);
+  const std::vector<std::string> files = checkpoint::model_files(listed);
+  if (files.empty())
+    throw CheckpointError((dir / "MANIFEST.json").string() + ": lists no model.safetensors");
+  checkpoint::TensorMap weights;
+  for (const auto& file : files) {
+    checkpoint::FileDigest digest;
+    auto part = checkpoint::read_safetensors(dir / file, &digest);
+    check_digest(dir, manifest, file, digest.size, checkpoint::xxh3_hex(digest.xxh3));
+    for (auto& [k, v] : part.tensors) weights[k] = std::move(v);
+  }
+  const auto tensors = checkpoint::to_hf_tensors(checkpoint::whole_weights(weights), m,
+                                                 (dir / files.front()).string());
 
   const auto [data_dir, no_tokenizer_reason] = tokenizer_source(a, cfg);
   std::error_code ec;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/tensor_file.h"
+#include "checkpoint/weight_parts.h"
 #include "cli/commands.h"
 #include "cli/resume_plan.h"
 #include "common/error.h"
@@ -85,14 +86,27 @@ int inspect(fs::path arg) {
   }
   std::cout << fmt::format("  {:<32} {:>12}\n", "total", human_bytes(total));
   try {
-    auto h = checkpoint::read_safetensors_header(dir / "model.safetensors");
-    int64_t params = 0;
-    for (const auto& t : h.tensors) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      params += n;
+    std::vector<std::string> listed;
+    for (const auto& [name, f] : m.files) listed.push_back(name);
+    const auto files = checkpoint::model_files(listed);
+    if (files.empty()) throw CheckpointError("MANIFEST.json lists no model.safetensors");
+    int64_t params = 0, tensors = 0;
+    for (const auto& file : files) {  // a ZeRO-3 checkpoint: each rank's part
+      auto h = checkpoint::read_safetensors_header(dir / file);
+      for (const auto& t : h.tensors) {
+        const bool shape = t.name.size() > 6 && t.name.compare(t.name.size() - 6, 6, "@shape") == 0;
+        if (files.size() > 1 && shape) {
+          ++tensors;
+          continue;
+        }
+        int64_t n = 1;
+        for (int64_t d : t.shape) n *= d;
+        if (files.size() == 1) ++tensors;
+        params += n;
+      }
     }
-    std::cout << fmt::format("model:       {} tensors, {} parameters\n", h.tensors.size(), params);
+    std::cout << fmt::format("model:       {} tensors, {} parameters{}\n", tensors, params,
+                             files.size() > 1 ? fmt::format(" (in {} parts)", files.size()) : "");
   } catch (const CheckpointError& e) {
     std::cout << "model:       unreadable: " << e.what() << "\n";
   }

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/paths.h"
 #include "config/load.h"
@@ -35,6 +36,7 @@ TrainedModel load_trained_model(const fs::path& arg) {
   t.step = checkpoint::read_manifest(dir).step;
   t.config = loaded.config;
   t.model = model::Transformer(t.config.model);
+  data.model = checkpoint::whole_weights(data.model);  // a ZeRO-3 checkpoint's parts put together
   {
     torch::NoGradGuard no_grad;
     for (auto& item : t.model->named_parameters()) {

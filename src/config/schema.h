@@ -76,6 +76,10 @@ KEEL_CHOICE(Switch, "auto", "on", "off");
 // between the matmuls.
 enum class ActivationCheckpointing { kNone, kFull, kSelective };
 KEEL_CHOICE(ActivationCheckpointing, "none", "full", "selective");
+// distributed.reduce_dtype: the type ZeRO-2/3's gradient reduce-scatter travels in (the mean is
+// accumulated into fp32 parts either way).
+enum class ReduceDtype { kFp32, kBf16 };
+KEEL_CHOICE(ReduceDtype, "fp32", "bf16");
 enum class ScheduleKind { kCosine, kThreePhase, kConstant };
 KEEL_CHOICE(ScheduleKind, "cosine", "three_phase", "constant");
 enum class NanPolicy { kSkip, kPause, kAbort };
@@ -302,7 +306,8 @@ struct DistributedConfig {
   double timeout_s = 600.0;
   double bucket_mb = 25.0;
   bool overlap = true;  // buckets all-reduced as the backward pass fills them
-  int64_t zero = 0;     // 0|1
+  int64_t zero = 0;     // 0|1|2|3
+  ReduceDtype reduce_dtype = ReduceDtype::kFp32;
   bool operator==(const DistributedConfig&) const = default;
 };
 
@@ -515,6 +520,7 @@ void visit(V& v, DistributedConfig& c) {
   v.field("bucket_mb", c.bucket_mb);
   v.field("overlap", c.overlap);
   v.field("zero", c.zero);
+  v.field("reduce_dtype", c.reduce_dtype);
 }
 template <class V>
 void visit(V& v, ValidatedCombo& c) {

@@ -320,11 +320,15 @@ void check_distributed(Checker& c, const DistributedConfig& d, const RunConfig& 
   }
   c.positive("distributed.timeout_s", d.timeout_s);
   c.positive("distributed.bucket_mb", d.bucket_mb);
-  if (d.zero < 0 || d.zero > 2)
+  if (d.zero < 0 || d.zero > 3)
     c.error("distributed.zero",
             "must be 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: each rank keeps "
-            "its part) or 2 (ZeRO-2: the gradients too); got " +
-                num(d.zero) + " (ZeRO-3, sharded weights, is not built)");
+            "its part), 2 (ZeRO-2: the gradients too) or 3 (ZeRO-3: the weights too); got " +
+                num(d.zero));
+  if (d.reduce_dtype == ReduceDtype::kBf16 && d.zero != 3)
+    c.error("distributed.reduce_dtype",
+            "bf16 applies to ZeRO-3's gradient reduce-scatter, but distributed.zero is " +
+                num(d.zero) + "; set distributed.zero: 3 or reduce_dtype: fp32");
 }
 
 void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {

@@ -28,4 +28,10 @@ std::unique_ptr<PendingWork> Communicator::reduce_scatter_sum_async_(torch::Tens
   return std::make_unique<DoneWork>();
 }
 
+std::unique_ptr<PendingWork> Communicator::all_gather_async_(torch::Tensor input,
+                                                             torch::Tensor output) {
+  output.view({-1}).copy_(all_gather(input.reshape({-1})));
+  return std::make_unique<DoneWork>();
+}
+
 }  // namespace keel::distributed

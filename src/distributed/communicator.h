@@ -46,6 +46,11 @@ class Communicator {
   virtual std::unique_ptr<PendingWork> reduce_scatter_sum_async_(torch::Tensor input,
                                                                  torch::Tensor output);
 
+  // Starts gathering every rank's `input` (the same number of elements on each) into `output`
+  // (world_size x input.numel() elements, rank order). Same rules as all_reduce_sum_async_. The
+  // default gathers at once.
+  virtual std::unique_ptr<PendingWork> all_gather_async_(torch::Tensor input, torch::Tensor output);
+
   // Averages gradients in place: sum then divide by world size.
   void all_reduce_mean_(std::vector<torch::Tensor>& tensors);
 };

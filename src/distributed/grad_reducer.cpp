@@ -151,8 +151,8 @@ void GradReducer::finish() {
   abandon();  // nothing left in flight: this only resets the step's state
 }
 
-std::vector<GradReducer::Piece> GradReducer::find_owned_pieces() const {
-  std::vector<Piece> out;
+std::vector<OwnedPiece> GradReducer::find_owned_pieces() const {
+  std::vector<OwnedPiece> out;
   if (!sharded_) return out;
   const int64_t rank = comm_.rank();
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -168,6 +168,14 @@ std::vector<GradReducer::Piece> GradReducer::find_owned_pieces() const {
   return out;
 }
 
+torch::Tensor GradReducer::reduced_grad(const OwnedPiece& piece) const {
+  return buckets_[piece.part].shard.narrow(0, piece.offset, piece.numel());
+}
+
+torch::Tensor GradReducer::owned_weights(const OwnedPiece& piece) const {
+  return params_[piece.param].detach().view({-1}).narrow(0, piece.begin, piece.numel());
+}
+
 void GradReducer::all_gather_params() {
   if (!sharded_ || buckets_.empty()) return;
   torch::NoGradGuard no_grad;
@@ -175,8 +183,8 @@ void GradReducer::all_gather_params() {
   std::vector<int64_t> at(buckets_.size() + 1, 0);
   for (size_t bi = 0; bi < buckets_.size(); ++bi) at[bi + 1] = at[bi] + buckets_[bi].part;
   torch::Tensor mine = torch::zeros({at.back()}, buckets_[0].flat.options());
-  for (const Piece& piece : owned_)
-    mine.narrow(0, at[piece.bucket] + piece.offset, piece.end - piece.begin)
+  for (const OwnedPiece& piece : owned_)
+    mine.narrow(0, at[piece.part] + piece.offset, piece.end - piece.begin)
         .copy_(params_[piece.param].detach().reshape({-1}).narrow(0, piece.begin,
                                                                   piece.end - piece.begin));
   const torch::Tensor all = comm_.all_gather(mine).view({comm_.world_size(), at.back()});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "distributed/communicator.h"
+#include "distributed/shard_owner.h"
 
 namespace keel::distributed {
 
@@ -26,7 +27,7 @@ namespace keel::distributed {
 // as they are copied into it, and every micro-step of gradient accumulation is reduced (arm it
 // for each backward pass), its mean added into shard(b). Per rank the gradients then take
 // 2/world of the weights' bytes (shard and an incoming part) plus the buckets in flight.
-class GradReducer {
+class GradReducer final : public ShardOwner {
  public:
   // `params` are the trainable parameters (leaves); their hooks stay until the reducer goes.
   GradReducer(Communicator& comm, std::vector<torch::Tensor> params, double bucket_mb,
@@ -49,13 +50,13 @@ class GradReducer {
 
   bool sharded() const { return sharded_; }
   bool releases_grads() const { return release_grads_; }
-  // Sharded: the elements this rank owns, as pieces of parameters: elements [begin, end) of
-  // params[param] (flattened) are elements [offset, offset + end - begin) of shard(bucket).
-  struct Piece {
-    int64_t param = 0, begin = 0, end = 0;
-    int64_t bucket = 0, offset = 0;
-  };
-  const std::vector<Piece>& owned_pieces() const { return owned_; }
+  // Sharded: the elements this rank owns, as pieces of parameters (OwnedPiece::part is the
+  // bucket): its part of every bucket.
+  const std::vector<OwnedPiece>& owned_pieces() const override { return owned_; }
+  torch::Tensor reduced_grad(const OwnedPiece& piece) const override;
+  torch::Tensor owned_weights(const OwnedPiece& piece) const override;
+  void publish_update() override { all_gather_params(); }
+  int zero_level() const override { return release_grads_ ? 2 : 1; }
   const torch::Tensor& shard(int64_t bucket) const { return buckets_[bucket].shard; }
   // Sharded: every rank's owned elements of the parameters (as they are now) to every rank, in
   // one all-gather.
@@ -88,13 +89,14 @@ class GradReducer {
   void start(Bucket& bucket);
   void start_ready_buckets();  // in index order, from next_
   void abandon();              // wait out what is in flight and reset the step's state
-  std::vector<Piece> find_owned_pieces() const;
+  std::vector<OwnedPiece> find_owned_pieces() const;
 
   Communicator& comm_;
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> bucket_of_;  // per parameter
   std::vector<Bucket> buckets_;
-  std::vector<Piece> owned_;  // sharded: what this rank owns (fixed by the buckets and the rank)
+  std::vector<OwnedPiece>
+      owned_;  // sharded: what this rank owns (fixed by the buckets and the rank)
   std::vector<bool> ready_;
   std::mutex mutex_;  // the hooks run on autograd's threads
   bool sharded_ = false;

@@ -113,6 +113,13 @@ class ProcessGroupComm final : public Communicator {
     return std::make_unique<Pending>(*this, pg_->_reduce_scatter_base(output, input, opts),
                                      "reduce_scatter (gradient bucket)");
   }
+  std::unique_ptr<PendingWork> all_gather_async_(torch::Tensor input,
+                                                 torch::Tensor output) override {
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    return std::make_unique<Pending>(*this, pg_->_allgather_base(output, input, opts),
+                                     "all_gather (weights of a unit)");
+  }
   std::unique_ptr<PendingWork> all_reduce_sum_async_(torch::Tensor flat) override {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;

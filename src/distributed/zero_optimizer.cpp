@@ -25,28 +25,25 @@ Tensor int64_cpu(const Tensor& t) { return t.to(torch::kCPU, torch::kInt64).cont
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, Tensor>>& named_params,
-                             const config::OptimConfig& cfg, Communicator& comm,
-                             GradReducer* reducer)
-    : Optimizer(optim::make_param_groups(named_params, cfg)), comm_(comm), reducer_(reducer) {
+                             const config::OptimConfig& cfg, Communicator& comm, ShardOwner* owner)
+    : Optimizer(optim::make_param_groups(named_params, cfg)), comm_(comm), owner_(owner) {
   std::unordered_map<const void*, std::pair<size_t, size_t>> place;  // impl -> (group, index)
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t k = 0; k < groups_[g].params.size(); ++k)
       place[groups_[g].params[k].unsafeGetTensorImpl()] = {g, k};
   for (const auto& [name, p] : named_params) {
-    if (!p.is_contiguous())
-      throw ConfigError("distributed.zero: 1: " + name + " is not contiguous");
+    if (!p.is_contiguous()) throw ConfigError("distributed.zero: " + name + " is not contiguous");
     params_.push_back(p);
   }
 
-  // What this rank owns: the reducer's pieces, or (one process) every trained parameter whole.
-  if (reducer_) {
-    for (const auto& rp : reducer_->owned_pieces()) {
+  // What this rank owns: the owner's pieces, or (one process) every trained parameter whole.
+  if (owner_) {
+    for (const auto& owned : owner_->owned_pieces()) {
       Piece piece;
-      piece.param = rp.param;
-      piece.begin = rp.begin;
-      piece.end = rp.end;
-      piece.bucket = rp.bucket;
-      piece.offset = rp.offset;
+      piece.param = owned.param;
+      piece.begin = owned.begin;
+      piece.end = owned.end;
+      piece.owned = owned;
       pieces_.push_back(std::move(piece));
     }
   } else {
@@ -68,8 +65,9 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, Tensor>>& 
     const auto [g, k] = it->second;
     piece.group = g;
     piece.index = shard[g].params.size();
-    piece.view =
-        params_[piece.param].detach().view({-1}).narrow(0, piece.begin, piece.end - piece.begin);
+    piece.view = owner_ ? owner_->owned_weights(piece.owned)
+                        : params_[piece.param].detach().view({-1}).narrow(0, piece.begin,
+                                                                          piece.end - piece.begin);
     shard[g].names.push_back(groups_[g].names[k]);
     shard[g].params.push_back(piece.view);
     views_.push_back(piece.view);
@@ -84,8 +82,8 @@ const std::vector<Tensor>& ZeroOptimizer::attach_grads() {
   torch::NoGradGuard no_grad;
   for (auto& piece : pieces_) {
     const int64_t n = piece.end - piece.begin;
-    if (reducer_) {
-      piece.view.mutable_grad() = reducer_->shard(piece.bucket).narrow(0, piece.offset, n);
+    if (owner_) {
+      piece.view.mutable_grad() = owner_->reduced_grad(piece.owned);
     } else {
       const Tensor& g = params_[piece.param].grad();
       piece.view.mutable_grad() = g.defined() ? g.view({-1}).narrow(0, piece.begin, n) : Tensor();
@@ -96,18 +94,24 @@ const std::vector<Tensor>& ZeroOptimizer::attach_grads() {
 }
 
 Tensor ZeroOptimizer::param_grad_norms() {
+  std::vector<Tensor> grads;
+  for (const auto& piece : pieces_) grads.push_back(piece.view.grad());
+  return param_norms(grads);
+}
+
+Tensor ZeroOptimizer::param_norms(const std::vector<Tensor>& per_piece) {
   const auto opts = torch::dtype(torch::kFloat)
                         .device(params_.empty() ? torch::Device(torch::kCPU) : params_[0].device());
   Tensor squares = torch::zeros({static_cast<int64_t>(params_.size())}, opts);
-  std::vector<Tensor> grads;
+  std::vector<Tensor> defined;
   std::vector<int64_t> owner;
-  for (const auto& piece : pieces_) {
-    if (!piece.view.grad().defined()) continue;
-    grads.push_back(piece.view.grad());
-    owner.push_back(piece.param);
+  for (size_t i = 0; i < pieces_.size() && i < per_piece.size(); ++i) {
+    if (!per_piece[i].defined()) continue;
+    defined.push_back(per_piece[i]);
+    owner.push_back(pieces_[i].param);
   }
-  if (!grads.empty()) {
-    const Tensor norms = torch::stack(at::_foreach_norm(grads, 2, at::kFloat));
+  if (!defined.empty()) {
+    const Tensor norms = torch::stack(at::_foreach_norm(defined, 2, at::kFloat));
     squares.index_add_(0, torch::tensor(owner, torch::kInt64).to(opts.device()), norms * norms);
   }
   if (comm_.is_process_group()) {
@@ -124,7 +128,7 @@ void ZeroOptimizer::step(double lr, const std::optional<Tensor>& found_inf) {
   // The pieces' gradients are views of the reducer's or the model's: drop them, or they outlive
   // zero_grad.
   detach_grads();
-  if (reducer_) reducer_->all_gather_params();
+  if (owner_) owner_->publish_update();
 }
 
 void ZeroOptimizer::zero_grad() {
@@ -277,11 +281,37 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
   inner_->load_state_dict(mine);
 }
 
+std::map<std::string, Tensor> unsharded_state(
+    const std::vector<std::pair<std::string, Tensor>>& named_params, const config::OptimConfig& cfg,
+    const std::map<std::string, Tensor>& sharded_state) {
+  // One process owns every parameter whole, in the plain optimizer's groups and order.
+  SingleProcess alone;
+  ZeroOptimizer whole(named_params, cfg, alone, nullptr);
+  whole.load_state_dict(sharded_state);
+  return whole.whole_state();
+}
+
+std::map<std::string, Tensor> ZeroOptimizer::whole_state() const {
+  std::map<std::string, Tensor> out = inner_->state_dict();
+  for (auto& [key, t] : out) {
+    std::string what;
+    const Piece* piece = piece_of(key, &what);
+    if (!piece) continue;
+    const Tensor& p = params_[piece->param];
+    if (owner_ || piece->begin != 0 || piece->end != p.numel())
+      throw std::logic_error("zero: whole_state of a rank that does not own everything");
+    t = t.view(p.sizes());
+  }
+  return out;
+}
+
 std::string ZeroOptimizer::describe() const {
   const int world = comm_.world_size();
-  const bool zero2 = reducer_ != nullptr && reducer_->releases_grads();
-  return inner_->describe() +
-         (zero2 ? " (zero2: state and gradients sharded over " : " (zero1: state sharded over ") +
+  const int level = owner_ ? owner_->zero_level() : 1;
+  const char* what = level == 3   ? "weights, gradients and state"
+                     : level == 2 ? "state and gradients"
+                                  : "state";
+  return inner_->describe() + " (zero" + std::to_string(level) + ": " + what + " sharded over " +
          std::to_string(world) + " rank" + (world == 1 ? "" : "s") + ")";
 }
 

@@ -20,7 +20,7 @@
 
 #include "config/schema.h"
 #include "distributed/communicator.h"
-#include "distributed/grad_reducer.h"
+#include "distributed/shard_owner.h"
 #include "optim/optimizer.h"
 
 namespace keel::distributed {
@@ -28,11 +28,11 @@ namespace keel::distributed {
 class ZeroOptimizer final : public optim::Optimizer {
  public:
   // `named_params`: the model's parameters (fp32, one device), in the order the trainer keeps
-  // them. `reducer`: the sharded GradReducer of a process group over those parameters, which
-  // says what this rank owns and holds its reduced gradients; null: one process owns everything
-  // and its gradients are the parameters' own.
+  // them. `owner`: what this rank owns of them and where their reduced gradients are (the sharded
+  // GradReducer of ZeRO-1/2, ShardedParameters of ZeRO-3); null: one process owns everything and
+  // its gradients are the parameters' own.
   ZeroOptimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
-                const config::OptimConfig& cfg, Communicator& comm, GradReducer* reducer);
+                const config::OptimConfig& cfg, Communicator& comm, ShardOwner* owner);
 
   // Points the owned pieces' .grad at their reduced gradients and returns the pieces (views of
   // the weights): what unscaling and clipping act on after the reduction. Until the step or
@@ -41,9 +41,15 @@ class ZeroOptimizer final : public optim::Optimizer {
   // The norm of every parameter's whole reduced gradient, in named_params order (zero where it
   // has none): each rank's pieces' squares, summed over the ranks. Call after attach_grads().
   torch::Tensor param_grad_norms();
+  // The weights this rank updates, one view per owned piece (what attach_grads gives gradients).
+  const std::vector<torch::Tensor>& owned_weights() const { return views_; }
+  // The norm of every parameter from per-piece tensors (of owned_weights' shapes): each rank's
+  // squares summed over the ranks; zero for a parameter no rank holds a piece of.
+  torch::Tensor param_norms(const std::vector<torch::Tensor>& per_piece);
 
   // Updates the owned pieces (with the gradients attach_grads attached, or attaches them), then
-  // all-gathers every rank's pieces.
+  // publishes them (ZeRO-1/2: one all-gather of every rank's pieces; ZeRO-3: the next forward
+  // pass gathers them).
   void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
   // The model's gradients and the pieces' (a step the guard refused leaves them attached).
   void zero_grad() override;
@@ -57,19 +63,22 @@ class ZeroOptimizer final : public optim::Optimizer {
   // whichever saved piece holds it.
   void load_state_dict(const std::map<std::string, torch::Tensor>& state) override;
   std::string describe() const override;
+  // One process owning everything: the state as the plain optimizer over the same parameters
+  // keeps it (its keys, the parameters' shapes).
+  std::map<std::string, torch::Tensor> whole_state() const;
 
  private:
   struct Piece {
     int64_t param = 0, begin = 0, end = 0;  // elements [begin, end) of params_[param], flattened
     size_t group = 0, index = 0;            // its place in the inner optimizer
-    int64_t bucket = -1, offset = 0;        // where the reducer holds its gradient
+    OwnedPiece owned;                       // where the owner holds it
     torch::Tensor view;                     // of the weights; its .grad is set for each step
   };
   const Piece* piece_of(const std::string& key, std::string* what) const;
   void detach_grads();
 
   Communicator& comm_;
-  GradReducer* reducer_;
+  ShardOwner* owner_;
   std::vector<torch::Tensor> params_;  // all of named_params
   std::vector<Piece> pieces_;
   std::vector<torch::Tensor> views_;  // pieces_[i].view
@@ -79,5 +88,13 @@ class ZeroOptimizer final : public optim::Optimizer {
 
 // True when `optimizer_state` (an Optimizer::state_dict, or load_checkpoint's parts) is ZeRO's.
 bool is_sharded_state(const std::map<std::string, torch::Tensor>& optimizer_state);
+
+// The state of the plain optimizer over `named_params` (optim::make_optimizer's, as
+// distributed.zero: 0 keeps it) from a sharded state that covers every element: one process's,
+// or every rank's parts keyed "rank{r}/" (load_checkpoint at another world size).
+// CheckpointError when parts are missing.
+std::map<std::string, torch::Tensor> unsharded_state(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+    const config::OptimConfig& cfg, const std::map<std::string, torch::Tensor>& sharded_state);
 
 }  // namespace keel::distributed

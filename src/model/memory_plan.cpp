@@ -62,6 +62,28 @@ std::string bytes_text(double bytes) {
   return fmt::format("{:.0f} kB", bytes / 1e3);
 }
 
+// ZeRO-3's weights and gradients per rank. Units (distributed/sharded_parameters.h): the
+// embedding, each block, the final norm with the head (tied: with the embedding).
+void plan_zero3_states(const config::Config& cfg, double W, MemoryPlan& plan) {
+  const auto& m = cfg.model;
+  const double P = static_cast<double>(plan.parameters);
+  const double V = static_cast<double>(m.vocab_size), C = static_cast<double>(m.d_model);
+  const double embedding = V * C + (m.arch == config::Arch::kGpt2 ? m.seq_len * C : 0);
+  const double norm = m.arch == config::Arch::kGpt2 ? 2 * C : C;
+  const double head = m.tie_embeddings ? 0 : V * C;
+  const double block = (P - embedding - norm - head) / static_cast<double>(m.n_layers);
+  const double head_unit = m.tie_embeddings ? embedding + norm : head + norm;
+  const double largest = std::max({embedding, block, head_unit});
+  // Units are gathered in the compute dtype, so autocast makes no copies of the weights.
+  const double compute = cfg.run.precision == config::Precision::kFp32 ? 4 : 2;
+  plan.weights = 4 * P / W;
+  plan.gathered = compute * std::max(2 * block + head_unit, embedding + block);
+  // This rank's part of the mean; the .grad of the unit computing; at most two units' flat
+  // gradients in reduction, with their incoming parts.
+  const double rd = cfg.distributed.reduce_dtype == config::ReduceDtype::kBf16 ? 2 : 4;
+  plan.gradients = 4 * P / W + compute * largest + 2 * largest * rd * (1 + 1 / W);
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options) {
@@ -75,9 +97,12 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
   const bool several = options.world_size > 1;
   const bool zero1 = cfg.distributed.zero >= 1 && several;
   const bool zero2 = cfg.distributed.zero >= 2 && several;
+  const bool zero3 = cfg.distributed.zero >= 3 && several;
 
   plan.weights = 4 * P;
-  if (zero2) {
+  if (zero3) {
+    plan_zero3_states(cfg, W, plan);
+  } else if (zero2) {
     // This rank's part of the mean, plus what is not yet reduced. A bucket holds up to
     // bucket_mb and one parameter more (the embedding or head, V x C, may be one alone).
     // Overlapped: at most GradReducer::kBucketsInFlight flat buffers, and the .grad waiting for
@@ -93,7 +118,7 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
   }
   const double state_per_param = cfg.optim.name == config::OptimizerName::kAdamW ? 8 : 4;
   plan.optimizer = state_per_param * P / (zero1 ? W : 1);
-  if (cfg.run.precision != config::Precision::kFp32) plan.copies = 2 * P;
+  if (cfg.run.precision != config::Precision::kFp32 && !zero3) plan.copies = 2 * P;
 
   const BlockBytes block = block_bytes(cfg, options.cuda);
   const double N = static_cast<double>(plan.tokens);
@@ -132,11 +157,13 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
 std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
   return fmt::format(
       "memory plan per rank ({} rank{}, zero {}, activation_checkpointing {}, chunked_loss {}): "
-      "weights {}, gradients {}, optimizer {}, weight copies {}, activations {} ({} tokens per "
+      "weights {}{}, gradients {}, optimizer {}, weight copies {}, activations {} ({} tokens per "
       "micro-batch), loss {}{}; total {}\n",
       p.world_size, p.world_size == 1 ? "" : "s", cfg.distributed.zero,
       config::name_of(cfg.model.activation_checkpointing), config::name_of(cfg.model.chunked_loss),
-      bytes_text(p.weights), bytes_text(p.gradients), bytes_text(p.optimizer), bytes_text(p.copies),
+      bytes_text(p.weights),
+      p.gathered > 0 ? ", gathered units " + bytes_text(p.gathered) : std::string(),
+      bytes_text(p.gradients), bytes_text(p.optimizer), bytes_text(p.copies),
       bytes_text(p.activations), p.tokens, bytes_text(p.logits),
       p.recompute > 0 ? ", a block recomputed " + bytes_text(p.recompute) : std::string(),
       bytes_text(p.total()));
@@ -172,7 +199,7 @@ std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryP
     set("model.activation_checkpointing", "full");
     if (fits()) return text();
   }
-  for (int64_t zero = c.distributed.zero + 1; options.world_size > 1 && zero <= 2; ++zero) {
+  for (int64_t zero = c.distributed.zero + 1; options.world_size > 1 && zero <= 3; ++zero) {
     c.distributed.zero = zero;
     set("distributed.zero", std::to_string(zero));
     if (fits()) return text();

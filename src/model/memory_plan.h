@@ -3,11 +3,14 @@
 // train` beside the peak it measures.
 //
 // What is counted, per rank, in bytes:
-//   weights      fp32 master weights
+//   weights      fp32 master weights; ZeRO-3 keeps this rank's part
+//   gathered     ZeRO-3: the units gathered at once (two blocks and the head unit, or the
+//                embedding and a block), in the compute dtype
 //   gradients    fp32 gradients (.grad), plus the reducer's flat buckets with several ranks;
 //                ZeRO-2 keeps this rank's part and the buckets in flight only
 //   optimizer    AdamW's two moments (Lion's one), fp32; ZeRO-1 and 2 keep this rank's part
-//   copies       autocast's low-precision copies of the weights (bf16/fp16 runs)
+//   copies       autocast's low-precision copies of the weights (bf16/fp16 runs; none under
+//                ZeRO-3, which gathers the weights in the compute dtype)
 //   activations  what the forward pass keeps for the backward pass, for one micro-batch: each
 //                block's tensors (fewer with model.activation_checkpointing)
 //   logits       the loss's fp32 tensors at their peak, at the start of the backward pass: the
@@ -38,8 +41,9 @@ struct MemoryPlan {
   int64_t world_size = 1;
   int64_t tokens = 0;  // per micro-batch on this rank
   double weights = 0, gradients = 0, optimizer = 0, copies = 0, activations = 0, logits = 0;
+  double gathered = 0;   // ZeRO-3
   double recompute = 0;  // full checkpointing: one block rebuilt late in the backward pass
-  double model_states() const { return weights + gradients + optimizer + copies; }
+  double model_states() const { return weights + gathered + gradients + optimizer + copies; }
   // The peak comes at the start of the backward pass (every activation, the loss's tensors) or,
   // with full checkpointing, while a block is rebuilt, whichever is larger.
   double transient() const { return std::max(logits, recompute); }
@@ -53,8 +57,8 @@ std::string format_memory_plan(const MemoryPlan& plan, const config::Config& cfg
 
 // The cheapest change to `cfg` that makes the plan fit `budget` bytes per rank, as a sentence
 // naming the keys to set; nullopt when none of the changes keel knows fits. In order: the
-// chunked loss, selective then full activation checkpointing, ZeRO-1 then 2 (several ranks), then
-// halving the micro-batch with twice the accumulation (the global batch kept).
+// chunked loss, selective then full activation checkpointing, ZeRO-1, 2 then 3 (several ranks),
+// then halving the micro-batch with twice the accumulation (the global batch kept).
 std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,
                                         double budget);
 

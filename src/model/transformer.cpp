@@ -333,12 +333,17 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
                     " tokens is longer than model.seq_len=" + std::to_string(cfg_.seq_len) +
                     "\nHINT: raise model.seq_len or feed shorter sequences");
   }
-  auto x = tok_emb_(tokens);  // (B, T, C)
+  enter(0);
+  // The residual stream is fp32 even where the weights are gathered in bf16 (ZeRO-3).
+  auto x = tok_emb_(tokens).to(torch::kFloat);  // (B, T, C)
   if (pos_emb_) x = x + pos_emb_(torch::arange(T, tokens.options().dtype(torch::kLong)));
+  x = leave(0, x);
   const bool full =
       cfg_.activation_checkpointing == config::ActivationCheckpointing::kFull && is_training();
-  for (const auto& layer : *layers_) {
-    BlockImpl* block = layer->as<BlockImpl>();
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    BlockImpl* block = layers_[i]->as<BlockImpl>();
+    const auto unit = static_cast<int64_t>(i) + 1;
+    enter(unit);
     if (full) {
       x = recompute([block, cos = rope_cos_,
                      sin = rope_sin_](const Tensor& t) { return block->forward(t, cos, sin); },
@@ -346,12 +351,14 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
     } else {
       x = block->forward(x, rope_cos_, rope_sin_);
     }
+    x = leave(unit, x);
   }
+  enter(head_unit());  // left by the caller, once the head has run
   return final_norm_.forward<Tensor>(x);
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
-  return model::linear(hidden(tokens), head_weight());  // (B, T, V)
+  return leave(head_unit(), model::linear(hidden(tokens), head_weight()));  // (B, T, V)
 }
 
 const torch::Tensor& TransformerImpl::head_weight() const {
@@ -371,15 +378,22 @@ torch::Tensor TransformerImpl::forward_cached(const torch::Tensor& tokens, KvCac
   }
   cache.k.resize(layers_->size());
   cache.v.resize(layers_->size());
-  auto x = tok_emb_(tokens);  // (B, T, C)
+  enter(0);
+  // The residual stream is fp32 even where the weights are gathered in bf16 (ZeRO-3).
+  auto x = tok_emb_(tokens).to(torch::kFloat);  // (B, T, C)
   if (pos_emb_) x = x + pos_emb_(torch::arange(pos, pos + T, tokens.options().dtype(torch::kLong)));
-  for (size_t i = 0; i < layers_->size(); ++i)
+  x = leave(0, x);
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    const auto unit = static_cast<int64_t>(i) + 1;
+    enter(unit);
     x = layers_[i]->as<BlockImpl>()->forward_cached(x, rope_cos_, rope_sin_, cache.k[i], cache.v[i],
                                                     pos);
+    x = leave(unit, x);
+  }
   cache.length = pos + T;
+  enter(head_unit());
   x = final_norm_.forward(x);
-  const auto& head = lm_head_ ? lm_head_->weight : tok_emb_->weight;  // (V, C)
-  return model::linear(x, head);                                      // (B, T, V)
+  return leave(head_unit(), model::linear(x, head_weight()));  // (B, T, V)
 }
 
 LossOutput TransformerImpl::loss(const torch::Tensor& inputs, const torch::Tensor& targets) {
@@ -415,6 +429,7 @@ LossOutput TransformerImpl::chunked_loss(const torch::Tensor& inputs,
     loss = loss + cfg_.z_loss * tok.lse.square().mean();
     objective = tok.ce + cfg_.z_loss * tok.lse.square();
   }
+  loss = leave(head_unit(), loss);
   const auto ce_det = tok.ce.detach();
   return {loss, ce_det.mean(), ce_det.view({B, T}).mean(1), objective.view({B, T}).mean(1)};
 }
@@ -434,6 +449,22 @@ std::vector<std::string> TransformerImpl::layer_prefixes() const {
   std::vector<std::string> out;
   for (int64_t i = 0; i < cfg_.n_layers; ++i) out.push_back("layers." + std::to_string(i) + ".");
   return out;
+}
+
+ParameterUnits TransformerImpl::parameter_units() const {
+  ParameterUnits units;
+  units.names.resize(static_cast<size_t>(cfg_.n_layers) + (cfg_.tie_embeddings ? 1 : 2));
+  units.head = head_unit();
+  for (const auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    size_t unit = 0;
+    if (name.rfind("layers.", 0) == 0)
+      unit = std::stoul(name.substr(7)) + 1;  // "layers.<i>.…"
+    else if (name.rfind("final_norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0)
+      unit = static_cast<size_t>(units.head);
+    units.names[unit].push_back(name);
+  }
+  return units;
 }
 
 void TransformerImpl::set_record_activation_stats(bool on) {

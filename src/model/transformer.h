@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/schema.h"
+#include "model/unit_gate.h"
 
 namespace keel::model {
 
@@ -60,8 +61,19 @@ class TransformerImpl : public torch::nn::Module {
   // recording training-mode forward; empty before the first. Reads the device: call at log steps
   // only.
   std::vector<double> attention_output_std() const;
+  // The parameters by unit (model/unit_gate.h), and the gate every forward pass then goes
+  // through (null: none; the gate must outlive its use).
+  ParameterUnits parameter_units() const;
+  void set_unit_gate(UnitGate* gate) { gate_ = gate; }
 
  private:
+  void enter(int64_t unit) {
+    if (gate_) gate_->enter(unit);
+  }
+  torch::Tensor leave(int64_t unit, const torch::Tensor& output) {
+    return gate_ ? gate_->leave(unit, output) : output;
+  }
+  int64_t head_unit() const { return cfg_.tie_embeddings ? 0 : cfg_.n_layers + 1; }
   void init_weights();
   torch::Tensor hidden(const torch::Tensor& tokens);  // (B, T) -> (B, T, C) after the final norm
   const torch::Tensor& head_weight() const;           // (V, C): the head's, or the tied embedding
@@ -75,6 +87,7 @@ class TransformerImpl : public torch::nn::Module {
   torch::nn::AnyModule final_norm_;
   torch::nn::Linear lm_head_{nullptr};  // absent (nullptr) when tie_embeddings
   torch::Tensor rope_cos_, rope_sin_;   // llama only, (T, D/2) buffers
+  UnitGate* gate_ = nullptr;
 };
 TORCH_MODULE(Transformer);
 

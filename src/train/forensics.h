@@ -3,7 +3,9 @@
 // per-layer gradient norms, the guard's signals and the weights as they were.
 //
 // Called by recovery (a pause, an incident's first dropped step). Collective: every rank calls
-// write() (the samples are gathered); rank 0 writes. Owns only its settings.
+// write() (the samples are gathered); rank 0 writes, but for ZeRO-3's weights, which every rank
+// writes its part of (model.rank{r}.safetensors, checkpoint/weight_parts.h): no rank holds them
+// whole. Owns only its settings.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/tensor_file.h"
 #include "data/batch.h"
 #include "distributed/communicator.h"
 #include "train/counters.h"
@@ -37,7 +40,7 @@ class Forensics {
   // forensics/step_N (step_N-iterK when an earlier attempt at that step wrote one). Nothing when
   // the step kept no samples. RecordError when the folder cannot be written.
   void write(const TrainCounters& at, const StepSamples& samples, const nlohmann::json& signals,
-             const std::vector<std::pair<std::string, torch::Tensor>>& weights) const;
+             const checkpoint::TensorMap& weights) const;
 
  private:
   std::filesystem::path run_dir_;

@@ -45,6 +45,7 @@ nlohmann::json MemoryWatch::record(distributed::Communicator& comm) {
   const double total = plan_.total();
   nlohmann::json detail = {{"plan",
                             {{"weights", plan_.weights},
+                             {"gathered", plan_.gathered},
                              {"gradients", plan_.gradients},
                              {"optimizer", plan_.optimizer},
                              {"copies", plan_.copies},

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/tensor_file.h"
 #include "common/event_kind.h"
 #include "config/schema.h"
 #include "data/batch.h"
@@ -51,7 +52,7 @@ struct RecoveryParts {
   // what must survive a rollback (the fp16 loss scale as the scaler has learned it).
   std::function<void(const checkpoint::CheckpointData&, bool restore_data)> restore;
   // The model's weights, for the forensics of an alarm.
-  const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;
+  std::function<checkpoint::TensorMap()> weights;
 };
 
 // What the step the guard acted on measured.

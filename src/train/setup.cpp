@@ -203,16 +203,28 @@ void Trainer::State::build_model() {
   }
   // ZeRO-1 and 2 reduce-scatter the gradient buckets, so their reducer exists whether or not the
   // buckets overlap the backward pass (ZeRO-2 also releases each gradient once it is in its
-  // bucket); without ZeRO, overlap: false is one flat all-reduce instead.
+  // bucket); without ZeRO, overlap: false is one flat all-reduce instead. ZeRO-3 shards the
+  // weights by unit and reduces each unit's gradients itself. On one process every level keeps
+  // the whole optimizer state as ZeRO-1 does (the same checkpoint format).
   const bool zero = cfg.distributed.zero >= 1;
-  if (comm.is_process_group() && (zero || cfg.distributed.overlap))
+  if (comm.is_process_group() && cfg.distributed.zero >= 3) {
+    sharded = std::make_unique<distributed::ShardedParameters>(
+        comm, named_params, model->parameter_units(), cfg.distributed.reduce_dtype,
+        precision == optim::Precision::kBf16   ? torch::kBFloat16
+        : precision == optim::Precision::kFp16 ? torch::kHalf
+                                               : torch::kFloat);
+    model->set_unit_gate(sharded.get());
+  } else if (comm.is_process_group() && (zero || cfg.distributed.overlap)) {
     reducer = std::make_unique<distributed::GradReducer>(
         comm, params, cfg.distributed.bucket_mb, zero, /*release_grads=*/cfg.distributed.zero >= 2);
+  }
   if (zero) {
-    auto sharded =
-        std::make_unique<distributed::ZeroOptimizer>(named_params, cfg.optim, comm, reducer.get());
-    zero_optimizer = sharded.get();
-    optimizer = std::move(sharded);
+    distributed::ShardOwner* owner =
+        sharded ? static_cast<distributed::ShardOwner*>(sharded.get()) : reducer.get();
+    auto zero_opt =
+        std::make_unique<distributed::ZeroOptimizer>(named_params, cfg.optim, comm, owner);
+    zero_optimizer = zero_opt.get();
+    optimizer = std::move(zero_opt);
   } else {
     optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
   }

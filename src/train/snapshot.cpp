@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 
+#include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "config/load.h"
@@ -24,9 +25,44 @@ void set_rng_state(torch::Device device, const torch::Tensor& state) {
 
 }  // namespace
 
+checkpoint::TensorMap Trainer::State::weights() const {
+  checkpoint::TensorMap out;
+  if (!sharded) {
+    for (const auto& [name, p] : named_params) out[name] = p.detach();
+    return out;
+  }
+  for (const auto& piece : sharded->owned_pieces()) {
+    const std::string& name = sharded->name_of(piece.param);
+    out[checkpoint::piece_key(name, piece.begin)] = sharded->owned_weights(piece);
+    if (piece.begin == 0)
+      out[checkpoint::shape_key(name)] =
+          torch::tensor(sharded->shape_of(piece.param), torch::kInt64);
+  }
+  return out;
+}
+
+void Trainer::State::load_weights(const checkpoint::TensorMap& weights) {
+  torch::NoGradGuard no_grad;
+  if (sharded) {
+    for (const auto& piece : sharded->owned_pieces())
+      checkpoint::copy_elements(weights, sharded->name_of(piece.param), piece.begin,
+                                sharded->owned_weights(piece));
+    return;
+  }
+  // Whole tensors, or a ZeRO-3 checkpoint's parts (every rank's) put together.
+  const checkpoint::TensorMap whole = checkpoint::whole_weights(weights);
+  for (auto& [name, p] : named_params) {
+    auto it = whole.find(name);
+    if (it == whole.end()) throw CheckpointError("checkpoint has no weights for " + name);
+    if (it->second.sizes() != p.sizes())
+      throw CheckpointError("checkpoint weight " + name + " has a different shape");
+    p.copy_(it->second);
+  }
+}
+
 checkpoint::CheckpointData Trainer::State::capture() const {
   checkpoint::CheckpointData data;
-  for (const auto& [name, p] : named_params) data.model[name] = p.detach();
+  data.model = weights();
   data.optimizer = optimizer->state_dict();
   data.extra_tensors["rng.cpu"] = rng_state_cpu();
   if (device.is_cuda())
@@ -47,21 +83,20 @@ checkpoint::CheckpointData Trainer::State::capture() const {
 
 void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restore_data,
                              bool restore_guard) {
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, p] : named_params) {
-      auto it = data.model.find(name);
-      if (it == data.model.end()) throw CheckpointError("checkpoint has no weights for " + name);
-      if (it->second.sizes() != p.sizes())
-        throw CheckpointError("checkpoint weight " + name + " has a different shape");
-      p.copy_(it->second);
-    }
+  load_weights(data.model);
+  if (cfg.distributed.zero == 0 && distributed::is_sharded_state(data.optimizer)) {
+    // Every rank needs the whole state: the parts of every rank, which load_checkpoint gives at
+    // another world size (or one process's whole state).
+    if (comm.world_size() > 1 && data.optimizer.count("zero.pieces"))
+      throw CheckpointError(
+          "the checkpoint's optimizer state is sharded across the same number of ranks "
+          "(written with distributed.zero: 1, 2 or 3)\nHINT: resume with --set "
+          "distributed.zero=1 (or 2 or 3), or at another world size");
+    optimizer->load_state_dict(
+        distributed::unsharded_state(named_params, cfg.optim, data.optimizer));
+  } else {
+    optimizer->load_state_dict(data.optimizer);
   }
-  if (cfg.distributed.zero == 0 && distributed::is_sharded_state(data.optimizer))
-    throw CheckpointError(
-        "the checkpoint's optimizer state is sharded across ranks (written with distributed.zero: "
-        "1)\nHINT: resume with --set distributed.zero=1 (at any world size)");
-  optimizer->load_state_dict(data.optimizer);
   if (scaler) {
     std::map<std::string, torch::Tensor> st;
     for (auto& [k, v] : data.extra_tensors)
@@ -176,7 +211,7 @@ RecoveryParts Trainer::State::recovery_parts() {
     restore(data, restore_data, /*restore_guard=*/false);
     if (scaler) scaler->load_state_dict(scale);
   };
-  p.weights = &named_params;
+  p.weights = [this] { return weights(); };
   return p;
 }
 

@@ -86,7 +86,8 @@ void Trainer::State::train_step() {
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
 
   torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold);
-  faults->after_backward(counters.iteration, params);
+  // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
+  faults->after_backward(counters.iteration, sharded ? zero_optimizer->attach_grads() : params);
   const StepResult result = measure(std::move(sums), threshold);
   Verdict verdict = decide(result, lr);
   record_verdict(verdict);
@@ -120,6 +121,10 @@ data::Batch Trainer::State::next_batch() {
 // gradient); its buckets start as they fill (after it, when a fault is to change the gradients,
 // or with overlap off). Whether micro-step `micro`'s gradients are reduced.
 bool Trainer::State::arm_reducer(int64_t micro) {
+  if (sharded) {  // every micro-step, in the backward pass: the ranks' collectives interleave
+    sharded->arm(/*accumulate=*/micro > 0);
+    return true;
+  }
   const bool last = micro == cfg.data.grad_accum_steps - 1;
   if (!reducer || !(last || reducer->releases_grads())) return false;
   const bool start_in_backward =
@@ -176,11 +181,8 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     if (scaler) scaled = scaled * scaler->scale();
     const bool reduce_now = arm_reducer(micro);
     scaled.backward();
-    if (reduce_now && micro < accum - 1) {  // the last micro-step's are finished in measure()
-      const auto comm_start = Clock::now();
-      reducer->finish();
-      step_record->window().comm_s += seconds_since(comm_start);
-    }
+    // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
+    if (reduce_now && (sharded || micro < accum - 1)) finish_reduction();
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
       step_samples.losses.push_back(out.per_sample_loss);
@@ -206,6 +208,15 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
   return torch::stack({loss_sum, kept});
 }
 
+void Trainer::State::finish_reduction() {
+  const auto comm_start = Clock::now();
+  if (sharded)
+    sharded->finish();
+  else
+    reducer->finish();
+  step_record->window().comm_s += seconds_since(comm_start);
+}
+
 // Averages across ranks, unscales (fp16), and takes the norms: one pass over the gradients gives
 // the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
 // step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
@@ -216,7 +227,15 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
     const auto comm_start = Clock::now();  // what the backward pass did not hide
     // Gradients averaged over the ranks (an overflow anywhere is then an overflow everywhere);
     // the kept samples' losses and counts summed.
-    if (reducer && reducer->armed()) {
+    if (sharded) {
+      if (!reducer_reported && comm.is_main()) {
+        reducer_reported = true;
+        log::info("dist",
+                  "zero 3: {} units; {} of them reduced during the last backward pass; at most {} "
+                  "gathered at once",
+                  sharded->units(), sharded->reduced_in_backward(), sharded->peak_gathered_units());
+      }
+    } else if (reducer && reducer->armed()) {
       reducer->finish();
       if (!reducer_reported && comm.is_main()) {  // once: did the overlap happen?
         reducer_reported = true;
@@ -376,8 +395,10 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
   torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
   torch::Tensor found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
 
+  // ZeRO-3: the weights are this rank's parts, their norms summed over the ranks.
+  const std::vector<torch::Tensor>& weights = sharded ? zero_optimizer->owned_weights() : params;
   std::vector<torch::Tensor> before;
-  if (log_step) before = torch::_foreach_mul(params, 1.0);  // snapshot for the update ratio
+  if (log_step) before = torch::_foreach_mul(weights, 1.0);  // snapshot for the update ratio
   optimizer->step(lr, found_inf);
   if (scaler) scaler->update(found_inf);
   optimizer->zero_grad();
@@ -388,8 +409,14 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
     for (const auto& e : guard->after_update(counters.step)) event(e);
   if (!log_step) return {};
 
-  auto delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
-  auto param_norms = torch::stack(torch::_foreach_norm(params));
+  torch::Tensor delta_norms, param_norms;
+  if (sharded) {
+    delta_norms = zero_optimizer->param_norms(torch::_foreach_sub(weights, before));
+    param_norms = zero_optimizer->param_norms(weights);
+  } else {
+    delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
+    param_norms = torch::stack(torch::_foreach_norm(params));
+  }
   auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
   auto total = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).reshape({1});
   auto host = torch::cat({total, layer_ratio}).to(torch::kCPU, torch::kFloat64);

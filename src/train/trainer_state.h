@@ -24,6 +24,7 @@
 #include "data/batch.h"
 #include "distributed/communicator.h"
 #include "distributed/grad_reducer.h"
+#include "distributed/sharded_parameters.h"
 #include "distributed/zero_optimizer.h"
 #include "guard/guard.h"
 #include "model/fused_ops.h"
@@ -66,6 +67,7 @@ struct Trainer::State {
   bool is_log_step() const;
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
   bool arm_reducer(int64_t micro);
+  void finish_reduction();  // the armed reducer's (or ZeRO-3's) reduction, timed as comm_s
   StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold);
   double clip_bound() const;
   // The guard's verdict on the step: it reads the step's values once and writes nothing.
@@ -104,6 +106,10 @@ struct Trainer::State {
   void maybe_checkpoint();
   // The record of the resume setup restored: events, the newer record dropped, a recovery.
   void record_resume();
+  // The weights as this rank holds them: whole by name, or (ZeRO-3) its parts by name and
+  // position (checkpoint/weight_parts.h).
+  checkpoint::TensorMap weights() const;
+  void load_weights(const checkpoint::TensorMap& weights);
   // The collaborators recovery moves and writes (built with the record).
   RecoveryParts recovery_parts();
 
@@ -124,11 +130,14 @@ struct Trainer::State {
   std::vector<torch::Tensor> params;
   // Several ranks with distributed.overlap: gradient buckets all-reduced during the backward pass.
   std::unique_ptr<distributed::GradReducer> reducer;
+  // ZeRO-3 over several ranks: the weights sharded by unit, gathered as the model runs (the
+  // model's unit gate; it replaces the reducer).
+  std::unique_ptr<distributed::ShardedParameters> sharded;
   bool reducer_reported = false;
   std::unique_ptr<LayerGroups> layers;
   std::unique_ptr<optim::Optimizer> optimizer;
   distributed::ZeroOptimizer* zero_optimizer =
-      nullptr;  // the optimizer, when distributed.zero is 1 or 2
+      nullptr;  // the optimizer, when distributed.zero is 1, 2 or 3
   std::optional<optim::DynamicLossScaler> scaler;
 
   // Data.
