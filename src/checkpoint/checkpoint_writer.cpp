@@ -61,7 +61,7 @@ uint64_t Checkpointer::write_rank_files(const fs::path& staging, int64_t step,
   };
   const StringMap meta = {
       {"format", "pt"}, {"keel_version", keel_version_}, {"step", std::to_string(step)}};
-  if (is_weight_parts(data.model)) {  // ZeRO-3: every rank its own part (weight_parts.h)
+  if (data.model_in_parts) {  // ZeRO-3: every rank its own part (weight_parts.h)
     std::string part = rank_file("model", rank_, "safetensors");
     record(part, write_safetensors(staging / part, data.model, meta));
   } else if (rank_ == 0) {

@@ -362,9 +362,7 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
         d.model[k] = std::move(v);
   }
   if (m.optimizer_sharded && m.world_size != world_size) {
-    for (int r = 0; r < m.world_size; ++r)
-      for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))
-        d.optimizer["rank" + std::to_string(r) + "/" + k] = std::move(v);
+    d.optimizer = load_optimizer_parts(dir);
   } else {
     d.optimizer = load_tensors(dir, m, rank_file("optimizer", source, "safetensors"));
   }
@@ -376,6 +374,15 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
     throw CheckpointError((dir / "trainer_state.json").string() + ": not valid JSON");
   if (m.files.count("config.yaml")) d.config_yaml = load_text(dir, m, "config.yaml");
   return d;
+}
+
+std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
+  const Manifest m = read_manifest(dir);
+  std::map<std::string, torch::Tensor> out;
+  for (int r = 0; r < m.world_size; ++r)
+    for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))
+      out["rank" + std::to_string(r) + "/" + k] = std::move(v);
+  return out;
 }
 
 Checkpointer::Checkpointer(fs::path checkpoints_dir, const config::CheckpointConfig& cfg, int rank,

@@ -57,6 +57,7 @@ namespace keel::checkpoint {
 // What a checkpoint holds. Tensors may live on any device; they are read back on CPU.
 struct CheckpointData {
   std::map<std::string, torch::Tensor> model;  // whole by name, or a rank's parts (weight_parts.h)
+  bool model_in_parts = false;                 // every rank writes its part of the weights (ZeRO-3)
   std::map<std::string, torch::Tensor> optimizer;      // this rank's (or every rank's part)
   std::map<std::string, torch::Tensor> extra_tensors;  // RNG states (uint8), loss-scaler state, ...
   nlohmann::json trainer_state;  // step, schedule, data position, guard state, counters (opaque)
@@ -141,6 +142,10 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 // A run at another world size than the writer's reads rank (rank % writer's world size)'s files:
 // the optimizer state is whole on every rank (not sharded), so any copy serves.
 CheckpointData load_checkpoint(const std::filesystem::path& dir, int rank = 0, int world_size = 1);
+// Every rank's optimizer part of a sharded checkpoint, keyed "rank{r}/...", verified: what a rank
+// needs when its own part does not cover what it owns now (another zero level at the same world
+// size, or no ZeRO).
+std::map<std::string, torch::Tensor> load_optimizer_parts(const std::filesystem::path& dir);
 
 struct LoadedCheckpoint {
   std::filesystem::path path;

@@ -1,6 +1,7 @@
 #include "checkpoint/weight_parts.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "checkpoint/layout.h"
 #include "common/error.h"
@@ -23,7 +24,11 @@ std::vector<std::pair<int64_t, Tensor>> pieces_of(const TensorMap& weights,
        it != weights.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
     const std::string rest = it->first.substr(prefix.size());
     if (rest == kShape) continue;
-    out.emplace_back(std::stoll(rest), it->second.reshape({-1}));
+    char* end = nullptr;
+    const long long first = std::strtoll(rest.c_str(), &end, 10);
+    if (rest.empty() || *end != '\0' || first < 0)
+      throw CheckpointError("weights: '" + it->first + "' is not <parameter>@<first element>");
+    out.emplace_back(first, it->second.reshape({-1}));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;

@@ -48,6 +48,7 @@ struct ValidateFlags {
   int64_t world = 1;
   double step_time = 0.0;
   bool no_probe = false;
+  bool no_disk_check = false;
   double device_memory = 0.0;
 };
 
@@ -58,6 +59,7 @@ int run_validate(const ValidateFlags& f) {
   // reported in one pass.
   config::ValidateOptions options;
   options.world_size = f.world;
+  options.check_filesystem = !f.no_disk_check;
   auto diagnostics = check(loaded, options);
   int errors = print_diagnostics(diagnostics);
   if (errors > 0) {
@@ -119,6 +121,9 @@ void register_validate(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   sub->add_flag("--no-probe", f->no_probe,
                 "skip the disk-write and matmul probes behind the checkpoint cost estimate");
+  sub->add_flag("--no-disk-check", f->no_disk_check,
+                "skip the checks of this machine's checkpoint directory (writable, free space): "
+                "for a config planned here and run elsewhere");
   sub->footer(
       "Where the config's run directory exists, it also says what each --resume would load there.\n"
       "\n"

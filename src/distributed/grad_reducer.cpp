@@ -177,23 +177,23 @@ torch::Tensor GradReducer::owned_weights(const OwnedPiece& piece) const {
 }
 
 void GradReducer::all_gather_params() {
-  if (!sharded_ || buckets_.empty()) return;
+  if (!sharded_) return;
   torch::NoGradGuard no_grad;
-  // This rank's part of every bucket, back to back: one collective for the whole model.
-  std::vector<int64_t> at(buckets_.size() + 1, 0);
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) at[bi + 1] = at[bi] + buckets_[bi].part;
-  torch::Tensor mine = torch::zeros({at.back()}, buckets_[0].flat.options());
-  for (const OwnedPiece& piece : owned_)
-    mine.narrow(0, at[piece.part] + piece.offset, piece.end - piece.begin)
-        .copy_(params_[piece.param].detach().reshape({-1}).narrow(0, piece.begin,
-                                                                  piece.end - piece.begin));
-  const torch::Tensor all = comm_.all_gather(mine).view({comm_.world_size(), at.back()});
+  const int64_t world = comm_.world_size();
+  // Bucket by bucket, so that no second copy of the whole model ever exists: ZeRO-1 gathers into
+  // the bucket's own flat buffer (the step has used its gradients), ZeRO-2 into one of its size.
+  // The gathered buffer is rank-major, which is the bucket's layout.
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const Bucket& b = buckets_[bi];
-    const torch::Tensor flat = all.narrow(1, at[bi], b.part).reshape({-1});  // rank-major
+    Bucket& b = buckets_[bi];
+    torch::Tensor mine = torch::zeros({b.part}, b.shard.options());  // padding stays zero
+    for (const OwnedPiece& piece : owned_)
+      if (piece.part == static_cast<int64_t>(bi))
+        mine.narrow(0, piece.offset, piece.numel()).copy_(owned_weights(piece));
+    torch::Tensor all = release_grads_ ? torch::empty({b.part * world}, b.shard.options()) : b.flat;
+    comm_.all_gather_async_(mine, all)->wait();
     for (size_t k = 0; k < b.params.size(); ++k) {
       auto p = params_[b.params[k]].detach();
-      p.view({-1}).copy_(flat.narrow(0, b.offsets[k], p.numel()));
+      p.view({-1}).copy_(all.narrow(0, b.offsets[k], p.numel()));
     }
   }
 }

@@ -58,8 +58,8 @@ class GradReducer final : public ShardOwner {
   void publish_update() override { all_gather_params(); }
   int zero_level() const override { return release_grads_ ? 2 : 1; }
   const torch::Tensor& shard(int64_t bucket) const { return buckets_[bucket].shard; }
-  // Sharded: every rank's owned elements of the parameters (as they are now) to every rank, in
-  // one all-gather.
+  // Sharded: every rank's owned elements of the parameters (as they are now) to every rank, one
+  // all-gather per bucket.
   void all_gather_params();
 
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }

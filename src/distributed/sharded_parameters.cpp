@@ -62,6 +62,8 @@ ShardedParameters::ShardedParameters(
   torch::NoGradGuard no_grad;
   for (const auto& names : units.names) {
     Unit& u = units_.emplace_back();
+    const size_t at = units_.size() - 1;
+    u.read_in_backward = at >= units.weights_in_backward.size() || units.weights_in_backward[at];
     for (const auto& name : names) {
       const auto it = index.find(name);
       if (it == index.end() || unit_of_[it->second] >= 0)
@@ -193,15 +195,20 @@ void ShardedParameters::before_backward(int64_t unit) {
   std::lock_guard<std::mutex> lock(mutex_);
   Unit& u = units_.at(unit);
   if (u.reduced) return;
-  gather(u);
-  wait_gathered(u);
-  if (const int64_t next = next_in_backward(unit); next >= 0 && !units_[next].reduced)
+  if (u.read_in_backward) {
+    gather(u);
+    wait_gathered(u);
+  }
+  if (const int64_t next = next_in_backward(unit);
+      next >= 0 && !units_[next].reduced && units_[next].read_in_backward)
     gather(units_[next]);
 }
 
 void ShardedParameters::arm(bool accumulate) {
   std::lock_guard<std::mutex> lock(mutex_);
-  abandon();  // a step that failed mid-way may have left units in flight
+  // A step that failed mid-way may have left reductions in flight. The gathered units stay: the
+  // forward pass just ran, and the head unit is kept for this backward pass.
+  reset_reduction();
   reduced_in_backward_ = 0;
   accumulate_ = accumulate;
   armed_ = true;
@@ -257,29 +264,25 @@ void ShardedParameters::finish() {
     if (!units_[i].reduced) reduce(units_[i]);
   for (int64_t i : in_flight_) complete(units_[i]);
   in_flight_.clear();
-  abandon();  // nothing left in flight: this only resets the step's state
+  reset_reduction();  // nothing left in flight: this only resets the step's state
+  release_gathered();
 }
 
 void ShardedParameters::release_all() {
   std::lock_guard<std::mutex> lock(mutex_);
-  abandon();
+  reset_reduction();
+  release_gathered();
 }
 
-void ShardedParameters::abandon() {
+void ShardedParameters::reset_reduction() {
   for (auto& u : units_) {
-    for (auto* work : {&u.gathering, &u.reducing}) {
-      if (!*work) continue;
+    if (u.reducing) {
       try {
-        (*work)->wait();
+        u.reducing->wait();
       } catch (const std::exception&) {
         // The step that started it has already failed; its error is the one that matters.
       }
-      work->reset();
-    }
-    u.gather_input = Tensor();
-    if (u.gathered) {
-      free_memory(u.flat);
-      u.gathered = false;
+      u.reducing.reset();
     }
     u.grad_flat = Tensor();
     u.incoming = Tensor();
@@ -292,6 +295,24 @@ void ShardedParameters::abandon() {
     if (p.grad().defined()) p.mutable_grad().reset();
   std::fill(ready_.begin(), ready_.end(), false);
   armed_ = false;
+}
+
+void ShardedParameters::release_gathered() {
+  for (auto& u : units_) {
+    if (u.gathering) {
+      try {
+        u.gathering->wait();
+      } catch (const std::exception&) {
+        // As above: the failed step's own error is the one that matters.
+      }
+      u.gathering.reset();
+    }
+    u.gather_input = Tensor();
+    if (u.gathered) {
+      free_memory(u.flat);
+      u.gathered = false;
+    }
+  }
 }
 
 }  // namespace keel::distributed

@@ -95,8 +95,9 @@ class ShardedParameters final : public model::UnitGate, public ShardOwner {
     torch::Tensor grad_flat, incoming;  // in reduce_dtype, while a reduction is in flight
     std::unique_ptr<PendingWork> gathering, reducing;
     bool gathered = false;
-    bool reduced = false;  // in this backward pass
-    int64_t pending = 0;   // gradients not yet ready in this backward pass
+    bool read_in_backward = true;  // an embedding's backward pass needs its indices only
+    bool reduced = false;          // in this backward pass
+    int64_t pending = 0;           // gradients not yet ready in this backward pass
   };
   class GradHook;
 
@@ -106,9 +107,10 @@ class ShardedParameters final : public model::UnitGate, public ShardOwner {
   void release(Unit& u);
   void before_backward(int64_t unit);
   void on_grad_ready(int64_t param);
-  void reduce(Unit& u);    // starts the reduce-scatter of its gradients and releases them
-  void complete(Unit& u);  // waits for it and puts the mean into grad_shard
-  void abandon();
+  void reduce(Unit& u);     // starts the reduce-scatter of its gradients and releases them
+  void complete(Unit& u);   // waits for it and puts the mean into grad_shard
+  void reset_reduction();   // waits out reductions in flight; the step's reduction state anew
+  void release_gathered();  // waits out gathers in flight; every unit's memory released
   int64_t last_block() const;
   int64_t next_in_forward(int64_t unit) const;
   int64_t next_in_backward(int64_t unit) const;

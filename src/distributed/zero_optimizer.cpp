@@ -26,7 +26,10 @@ Tensor int64_cpu(const Tensor& t) { return t.to(torch::kCPU, torch::kInt64).cont
 
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, Tensor>>& named_params,
                              const config::OptimConfig& cfg, Communicator& comm, ShardOwner* owner)
-    : Optimizer(optim::make_param_groups(named_params, cfg)), comm_(comm), owner_(owner) {
+    : Optimizer(optim::make_param_groups(named_params, cfg)),
+      comm_(comm),
+      owner_(owner),
+      cfg_(cfg) {
   std::unordered_map<const void*, std::pair<size_t, size_t>> place;  // impl -> (group, index)
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t k = 0; k < groups_[g].params.size(); ++k)
@@ -34,6 +37,7 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, Tensor>>& 
   for (const auto& [name, p] : named_params) {
     if (!p.is_contiguous()) throw ConfigError("distributed.zero: " + name + " is not contiguous");
     params_.push_back(p);
+    names_.push_back(name);
   }
 
   // What this rank owns: the owner's pieces, or (one process) every trained parameter whole.
@@ -220,6 +224,19 @@ std::unordered_map<int64_t, std::vector<SavedPiece>> saved_pieces(
 
 }  // namespace
 
+bool ZeroOptimizer::covered_by(const std::map<std::string, Tensor>& state) const {
+  if (!state.count(kPieces)) return true;
+  const auto saved = saved_pieces(state, {""}, params_);
+  for (const auto& piece : pieces_) {
+    int64_t n = 0;
+    if (const auto it = saved.find(piece.param); it != saved.end())
+      for (const auto& s : it->second)
+        n += std::max<int64_t>(0, std::min(piece.end, s.end) - std::max(piece.begin, s.begin));
+    if (n != piece.end - piece.begin) return false;
+  }
+  return true;
+}
+
 void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   std::vector<std::string> prefixes;
   if (state.count(kPieces)) {
@@ -228,10 +245,27 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
     for (int r = 0; state.count("rank" + std::to_string(r) + "/" + kPieces); ++r)
       prefixes.push_back("rank" + std::to_string(r) + "/");
   }
-  if (prefixes.empty())
-    throw CheckpointError(
-        "optimizer state: not sharded (written with distributed.zero: 0)\nHINT: resume with "
-        "distributed.zero: 0, the setting it was written with");
+  if (prefixes.empty()) {  // a plain optimizer's: as one process owning everything holds it
+    if (owner_ == nullptr && comm_.world_size() == 1 && !state.empty()) {
+      std::map<std::string, Tensor> flat = state;
+      for (auto& [key, t] : flat) {
+        std::string what;
+        if (piece_of(key, &what)) t = t.reshape({-1});
+      }
+      inner_->load_state_dict(flat);
+      return;
+    }
+    // Dummies of the weights' shapes on the CPU: the weights themselves may be sharded.
+    std::vector<std::pair<std::string, Tensor>> shapes;
+    for (size_t i = 0; i < params_.size(); ++i)
+      shapes.emplace_back(names_[i], torch::zeros(params_[i].sizes(), torch::kFloat)
+                                         .requires_grad_(params_[i].requires_grad()));
+    SingleProcess alone;
+    ZeroOptimizer whole(shapes, cfg_, alone, nullptr);
+    whole.load_state_dict(state);
+    load_state_dict(whole.state_dict());
+    return;
+  }
 
   const auto saved = saved_pieces(state, prefixes, params_);
 

@@ -60,9 +60,14 @@ class ZeroOptimizer final : public optim::Optimizer {
   std::map<std::string, torch::Tensor> state_dict() const override;
   // This rank's own state_dict, or the states of every rank of a checkpoint keyed "rank{r}/..."
   // (load_checkpoint gives that when the world size changed): each owned element is taken from
-  // whichever saved piece holds it.
+  // whichever saved piece holds it. A plain optimizer's state (distributed.zero: 0) loads too.
   void load_state_dict(const std::map<std::string, torch::Tensor>& state) override;
   std::string describe() const override;
+  // Whether `state` (this rank's saved part, as load_checkpoint gives it at the same world size)
+  // holds every element this rank owns now; false when the pieces were cut otherwise (another
+  // zero level, another bucket size): every rank's parts are needed then. True for every rank's
+  // parts.
+  bool covered_by(const std::map<std::string, torch::Tensor>& state) const;
   // One process owning everything: the state as the plain optimizer over the same parameters
   // keeps it (its keys, the parameters' shapes).
   std::map<std::string, torch::Tensor> whole_state() const;
@@ -80,6 +85,8 @@ class ZeroOptimizer final : public optim::Optimizer {
   Communicator& comm_;
   ShardOwner* owner_;
   std::vector<torch::Tensor> params_;  // all of named_params
+  std::vector<std::string> names_;
+  config::OptimConfig cfg_;
   std::vector<Piece> pieces_;
   std::vector<torch::Tensor> views_;  // pieces_[i].view
   bool attached_ = false;

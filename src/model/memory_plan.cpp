@@ -116,6 +116,7 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
     // gradient; sharded, plus this rank's part of the mean.
     plan.gradients = 4 * P + (several ? 4 * P : 0) + (zero1 ? 4 * P / W : 0);
   }
+  plan.snapshot = 4 * P / (zero3 ? W : 1);
   const double state_per_param = cfg.optim.name == config::OptimizerName::kAdamW ? 8 : 4;
   plan.optimizer = state_per_param * P / (zero1 ? W : 1);
   if (cfg.run.precision != config::Precision::kFp32 && !zero3) plan.copies = 2 * P;
@@ -158,7 +159,7 @@ std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
   return fmt::format(
       "memory plan per rank ({} rank{}, zero {}, activation_checkpointing {}, chunked_loss {}): "
       "weights {}{}, gradients {}, optimizer {}, weight copies {}, activations {} ({} tokens per "
-      "micro-batch), loss {}{}; total {}\n",
+      "micro-batch), loss {}{}, a logged step's weight snapshot {}; total {}\n",
       p.world_size, p.world_size == 1 ? "" : "s", cfg.distributed.zero,
       config::name_of(cfg.model.activation_checkpointing), config::name_of(cfg.model.chunked_loss),
       bytes_text(p.weights),
@@ -166,7 +167,7 @@ std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
       bytes_text(p.gradients), bytes_text(p.optimizer), bytes_text(p.copies),
       bytes_text(p.activations), p.tokens, bytes_text(p.logits),
       p.recompute > 0 ? ", a block recomputed " + bytes_text(p.recompute) : std::string(),
-      bytes_text(p.total()));
+      bytes_text(p.snapshot), bytes_text(p.total()));
 }
 
 std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,

@@ -17,6 +17,9 @@
 //                (tokens x vocabulary) log-probabilities and two gradients of their size
 //                (model.chunked_loss: one chunk's)
 //   recompute    full checkpointing: one block rebuilt with its gradients, later in the pass
+//   snapshot     at a logged step, the copy of the weights (this rank's part under ZeRO-3) the
+//                update/weight ratios are taken against, while the optimizer steps: after the
+//                backward pass, so it competes with the activations for the peak, not with them
 // The figures follow the tensors keel's own kernels keep; they were checked against the measured
 // peak (bench/memory, docs/benchmarks.md). Allocator fragmentation, the CUDA context and
 // communication buffers are not in them: leave headroom.
@@ -43,11 +46,12 @@ struct MemoryPlan {
   double weights = 0, gradients = 0, optimizer = 0, copies = 0, activations = 0, logits = 0;
   double gathered = 0;   // ZeRO-3
   double recompute = 0;  // full checkpointing: one block rebuilt late in the backward pass
+  double snapshot = 0;   // a logged step's copy of the weights, during the optimizer step
   double model_states() const { return weights + gathered + gradients + optimizer + copies; }
   // The peak comes at the start of the backward pass (every activation, the loss's tensors) or,
-  // with full checkpointing, while a block is rebuilt, whichever is larger.
+  // with full checkpointing, while a block is rebuilt, or during a logged step's update.
   double transient() const { return std::max(logits, recompute); }
-  double total() const { return model_states() + activations + transient(); }
+  double total() const { return model_states() + std::max(activations + transient(), snapshot); }
 };
 
 MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options);

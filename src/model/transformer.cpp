@@ -455,6 +455,8 @@ ParameterUnits TransformerImpl::parameter_units() const {
   ParameterUnits units;
   units.names.resize(static_cast<size_t>(cfg_.n_layers) + (cfg_.tie_embeddings ? 1 : 2));
   units.head = head_unit();
+  units.weights_in_backward.assign(units.names.size(), true);
+  units.weights_in_backward[0] = cfg_.tie_embeddings;  // tied: the head's weight and final norm
   for (const auto& item : named_parameters()) {
     const std::string& name = item.key();
     size_t unit = 0;

@@ -18,6 +18,9 @@ namespace keel::model {
 struct ParameterUnits {
   std::vector<std::vector<std::string>> names;  // per unit, parameter names
   int64_t head = 0;                             // the unit the loss is computed with
+  // Per unit: whether its backward pass reads its weights (an embedding's needs the token ids
+  // only, so ZeRO-3 need not gather it again).
+  std::vector<bool> weights_in_backward;
 };
 
 class UnitGate {

@@ -2,7 +2,6 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/tensor_file.h"
-#include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "monitor/run_files.h"
@@ -23,7 +22,8 @@ void write_weights(const fs::path& path, const checkpoint::TensorMap& weights, i
 }  // namespace
 
 void Forensics::write(const TrainCounters& at, const StepSamples& step,
-                      const nlohmann::json& signals, const checkpoint::TensorMap& weights) const {
+                      const nlohmann::json& signals, const checkpoint::TensorMap& weights,
+                      bool parts) const {
   if (step.losses.empty()) return;
   // The top-k over every rank's samples (collectives: every rank takes part, rank 0 writes).
   auto losses = comm_->all_gather(torch::cat(step.losses).to(device_)).to(torch::kCPU);
@@ -33,7 +33,6 @@ void Forensics::write(const TrainCounters& at, const StepSamples& step,
   fs::path dir = run_dir_ / "forensics" / checkpoint::step_dir_name(at.step);
   std::error_code ec;
   if (fs::exists(dir, ec)) dir += "-iter" + std::to_string(at.iteration);
-  const bool parts = checkpoint::is_weight_parts(weights);
   if (parts) comm_->barrier();
   if (comm_->is_main()) {
     fs::create_directories(dir, ec);

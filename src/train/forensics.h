@@ -40,7 +40,7 @@ class Forensics {
   // forensics/step_N (step_N-iterK when an earlier attempt at that step wrote one). Nothing when
   // the step kept no samples. RecordError when the folder cannot be written.
   void write(const TrainCounters& at, const StepSamples& samples, const nlohmann::json& signals,
-             const checkpoint::TensorMap& weights) const;
+             const checkpoint::TensorMap& weights, bool weights_in_parts) const;
 
  private:
   std::filesystem::path run_dir_;

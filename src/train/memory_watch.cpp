@@ -52,6 +52,7 @@ nlohmann::json MemoryWatch::record(distributed::Communicator& comm) {
                              {"activations", plan_.activations},
                              {"logits", plan_.logits},
                              {"recompute", plan_.recompute},
+                             {"snapshot", plan_.snapshot},
                              {"total", total}}},
                            {"measured_by", device_.is_cuda() ? "cuda_allocator"
                                            : local           ? "host_allocator_1mib_blocks"

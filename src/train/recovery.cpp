@@ -11,7 +11,8 @@ namespace keel::train {
 namespace fs = std::filesystem;
 
 void Recovery::write_forensics(const StepEvidence& step) const {
-  p_.forensics->write(*p_.counters, step.samples, step.verdict.signals, p_.weights());
+  p_.forensics->write(*p_.counters, step.samples, step.verdict.signals, p_.weights(),
+                      p_.weights_in_parts);
 }
 
 void Recovery::set_aside(int64_t micro_batches, const std::string& reason,

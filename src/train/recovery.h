@@ -53,6 +53,7 @@ struct RecoveryParts {
   std::function<void(const checkpoint::CheckpointData&, bool restore_data)> restore;
   // The model's weights, for the forensics of an alarm.
   std::function<checkpoint::TensorMap()> weights;
+  bool weights_in_parts = false;  // ZeRO-3: each rank holds its part
 };
 
 // What the step the guard acted on measured.

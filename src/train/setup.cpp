@@ -179,6 +179,12 @@ void Trainer::State::build() {
                                      rank, world);
   if (resume_source) {
     check_resumable(cfg, *resume_source);
+    // Its own part of a sharded optimizer state does not cover what this rank owns when the
+    // pieces are cut otherwise now (another zero level or bucket size, or no ZeRO): every part.
+    auto& state = resume_source->data.optimizer;
+    if (state.count("zero.pieces") &&
+        !(zero_optimizer ? zero_optimizer->covered_by(state) : comm.world_size() == 1))
+      state = checkpoint::load_optimizer_parts(resume_source->path);
     restore(resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
     resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
     resumed = true;

@@ -63,6 +63,7 @@ void Trainer::State::load_weights(const checkpoint::TensorMap& weights) {
 checkpoint::CheckpointData Trainer::State::capture() const {
   checkpoint::CheckpointData data;
   data.model = weights();
+  data.model_in_parts = sharded != nullptr;
   data.optimizer = optimizer->state_dict();
   data.extra_tensors["rng.cpu"] = rng_state_cpu();
   if (device.is_cuda())
@@ -85,13 +86,8 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
                              bool restore_guard) {
   load_weights(data.model);
   if (cfg.distributed.zero == 0 && distributed::is_sharded_state(data.optimizer)) {
-    // Every rank needs the whole state: the parts of every rank, which load_checkpoint gives at
-    // another world size (or one process's whole state).
-    if (comm.world_size() > 1 && data.optimizer.count("zero.pieces"))
-      throw CheckpointError(
-          "the checkpoint's optimizer state is sharded across the same number of ranks "
-          "(written with distributed.zero: 1, 2 or 3)\nHINT: resume with --set "
-          "distributed.zero=1 (or 2 or 3), or at another world size");
+    // Every rank needs the whole state: the parts of every rank (build() reads them all), or one
+    // process's whole state.
     optimizer->load_state_dict(
         distributed::unsharded_state(named_params, cfg.optim, data.optimizer));
   } else {
@@ -212,6 +208,7 @@ RecoveryParts Trainer::State::recovery_parts() {
     if (scaler) scaler->load_state_dict(scale);
   };
   p.weights = [this] { return weights(); };
+  p.weights_in_parts = sharded != nullptr;
   return p;
 }
 
