@@ -36,7 +36,7 @@ bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded
                   plan.total() / 1e9, device_memory / 1e9,
                   fit ? "\nHINT: the cheapest change that fits: " + *fit
                       : std::string("\nHINT: nothing keel can change fits; use more ranks (with "
-                                    "distributed.zero: 2) or a smaller model"))};
+                                    "distributed.zero: 3) or a smaller model"))};
   std::cerr << format_memory_plan(plan, cfg);
   print_diagnostics({d});
   return true;

@@ -79,9 +79,11 @@ void plan_zero3_states(const config::Config& cfg, double W, MemoryPlan& plan) {
   plan.weights = 4 * P / W;
   plan.gathered = compute * std::max(2 * block + head_unit, embedding + block);
   // This rank's part of the mean; the .grad of the unit computing; at most two units' flat
-  // gradients in reduction, with their incoming parts.
+  // gradients in reduction, with their incoming parts: consecutive units of the backward pass
+  // (the head unit and the last block, blocks, the first block and the embedding).
   const double rd = cfg.distributed.reduce_dtype == config::ReduceDtype::kBf16 ? 2 : 4;
-  plan.gradients = 4 * P / W + compute * largest + 2 * largest * rd * (1 + 1 / W);
+  const double in_flight = std::max({head_unit, embedding, block}) + block;
+  plan.gradients = 4 * P / W + compute * largest + in_flight * rd * (1 + 1 / W);
 }
 
 }  // namespace

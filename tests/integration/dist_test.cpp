@@ -173,8 +173,8 @@ TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroOne) {
   expect_guard_decisions_together("dist_guard_zero", " --set distributed.zero=1");
 }
 
-// Four ranks of B/4 with ZeRO-2 and ZeRO-3, with and without full activation checkpointing, and
-// two ranks of B/4 with ZeRO-3 and two micro-steps of accumulation: the losses of one rank of B
+// Four ranks of B/4 with ZeRO-2 and ZeRO-3, and two ranks of B/4 with two micro-steps of
+// accumulation, each with and without full activation checkpointing: the losses of one rank of B
 // within 1e-5 relative over 30 fp32 steps (the sums differ only in their order).
 TEST(DistIntegration, ZeroTwoAndThreeTrainAsOneRankWithin1e5) {
   ScratchDir one("dist4_one");
@@ -187,7 +187,10 @@ TEST(DistIntegration, ZeroTwoAndThreeTrainAsOneRankWithin1e5) {
       "launch --nproc 4 -- {} --set distributed.zero=2" + full,
       "launch --nproc 4 -- {} --set distributed.zero=3",
       "launch --nproc 4 -- {} --set distributed.zero=3" + full,
-      "launch --nproc 2 -- {} --set distributed.zero=3 --set data.grad_accum_steps=2"};
+      "launch --nproc 2 -- {} --set distributed.zero=2 --set data.grad_accum_steps=2",
+      "launch --nproc 2 -- {} --set distributed.zero=3 --set data.grad_accum_steps=2",
+      "launch --nproc 2 -- {} --set distributed.zero=2 --set data.grad_accum_steps=2" + full,
+      "launch --nproc 2 -- {} --set distributed.zero=3 --set data.grad_accum_steps=2" + full};
   for (const std::string& run : runs) {
     ScratchDir d("dist4_sharded");
     const std::string args = tiny_args(d, 4, 30);
