@@ -2,6 +2,16 @@
 
 namespace keel::distributed {
 
+void wait_quietly(std::unique_ptr<PendingWork>& work) {
+  if (!work) return;
+  try {
+    work->wait();
+  } catch (const std::exception&) {
+    // The failed step's own error is the one that matters.
+  }
+  work.reset();
+}
+
 void Communicator::all_reduce_mean_(std::vector<torch::Tensor>& tensors) {
   if (world_size() == 1) return;
   all_reduce_sum_(tensors);

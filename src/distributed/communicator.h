@@ -18,6 +18,10 @@ class PendingWork {
   virtual void wait() = 0;
 };
 
+// Waits out `work` if any is in flight and drops it, swallowing its error: for a step that has
+// already failed (its own error is the one that matters) and must leave nothing in flight.
+void wait_quietly(std::unique_ptr<PendingWork>& work);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

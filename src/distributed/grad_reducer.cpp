@@ -200,14 +200,7 @@ void GradReducer::all_gather_params() {
 
 void GradReducer::abandon() {
   for (auto& b : buckets_) {
-    if (b.work) {
-      try {
-        b.work->wait();
-      } catch (const std::exception&) {
-        // The step that started it has already failed; its error is the one that matters.
-      }
-      b.work.reset();
-    }
+    wait_quietly(b.work);  // the step that started it has already failed
     b.pending = static_cast<int64_t>(b.params.size());
     if (release_grads_) {  // a step that failed mid-way: nothing of it may reach the next one
       b.flat = torch::empty({0}, b.shard.options());

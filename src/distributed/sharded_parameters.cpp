@@ -276,14 +276,7 @@ void ShardedParameters::release_all() {
 
 void ShardedParameters::reset_reduction() {
   for (auto& u : units_) {
-    if (u.reducing) {
-      try {
-        u.reducing->wait();
-      } catch (const std::exception&) {
-        // The step that started it has already failed; its error is the one that matters.
-      }
-      u.reducing.reset();
-    }
+    wait_quietly(u.reducing);  // the step that started it has already failed
     u.grad_flat = Tensor();
     u.incoming = Tensor();
     u.reduced = false;
@@ -299,14 +292,7 @@ void ShardedParameters::reset_reduction() {
 
 void ShardedParameters::release_gathered() {
   for (auto& u : units_) {
-    if (u.gathering) {
-      try {
-        u.gathering->wait();
-      } catch (const std::exception&) {
-        // As above: the failed step's own error is the one that matters.
-      }
-      u.gathering.reset();
-    }
+    wait_quietly(u.gathering);
     u.gather_input = Tensor();
     if (u.gathered) {
       free_memory(u.flat);
