@@ -356,10 +356,10 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   CheckpointData d;
   if (m.files.count("model.safetensors")) {
     d.model = load_tensors(dir, m, "model.safetensors");
-  } else {  // ZeRO-3: every rank's part, merged (piece keys are unique across the parts)
-    for (int r = 0; r < m.world_size; ++r)
-      for (auto& [k, v] : load_tensors(dir, m, rank_file("model", r, "safetensors")))
-        d.model[k] = std::move(v);
+  } else if (m.world_size == world_size) {  // ZeRO-3: this rank's own part
+    d.model = load_tensors(dir, m, rank_file("model", rank, "safetensors"));
+  } else {  // every rank's part, merged (piece keys are unique across the parts)
+    d.model = load_model_parts(dir);
   }
   if (m.optimizer_sharded && m.world_size != world_size) {
     d.optimizer = load_optimizer_parts(dir);
@@ -382,6 +382,15 @@ std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
   for (int r = 0; r < m.world_size; ++r)
     for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))
       out["rank" + std::to_string(r) + "/" + k] = std::move(v);
+  return out;
+}
+
+std::map<std::string, torch::Tensor> load_model_parts(const fs::path& dir) {
+  const Manifest m = read_manifest(dir);
+  std::map<std::string, torch::Tensor> out;
+  for (int r = 0; r < m.world_size; ++r)
+    for (auto& [k, v] : load_tensors(dir, m, rank_file("model", r, "safetensors")))
+      out[k] = std::move(v);
   return out;
 }
 

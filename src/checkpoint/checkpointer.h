@@ -146,6 +146,9 @@ CheckpointData load_checkpoint(const std::filesystem::path& dir, int rank = 0, i
 // needs when its own part does not cover what it owns now (another zero level at the same world
 // size, or no ZeRO).
 std::map<std::string, torch::Tensor> load_optimizer_parts(const std::filesystem::path& dir);
+// Every rank's part of a ZeRO-3 checkpoint's weights, merged (load_checkpoint gives this rank's
+// own part at the same world size).
+std::map<std::string, torch::Tensor> load_model_parts(const std::filesystem::path& dir);
 
 struct LoadedCheckpoint {
   std::filesystem::path path;

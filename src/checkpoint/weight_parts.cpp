@@ -72,6 +72,16 @@ void copy_elements(const TensorMap& weights, const std::string& param, int64_t f
                           ") (a rank's model file is missing, or the model changed)");
 }
 
+bool covers(const TensorMap& weights, const std::string& param, int64_t first, int64_t n) {
+  if (const auto it = weights.find(param); it != weights.end())
+    return it->second.numel() >= first + n;
+  int64_t covered = 0;
+  for (const auto& [begin, piece] : pieces_of(weights, param))
+    covered +=
+        std::max<int64_t>(0, std::min(first + n, begin + piece.numel()) - std::max(first, begin));
+  return covered == n;
+}
+
 TensorMap whole_weights(const TensorMap& weights) {
   if (!is_weight_parts(weights)) return weights;
   TensorMap out;

@@ -28,6 +28,9 @@ bool is_weight_parts(const TensorMap& weights);
 void copy_elements(const TensorMap& weights, const std::string& param, int64_t first,
                    torch::Tensor dst);
 
+// Whether elements [first, first + n) of parameter `param` are in `weights` (whole or pieces).
+bool covers(const TensorMap& weights, const std::string& param, int64_t first, int64_t n);
+
 // Whole tensors by name from parts (every rank's, merged), on the CPU; whole tensors pass as
 // they are. CheckpointError when a parameter's elements are not all there.
 TensorMap whole_weights(const TensorMap& weights);

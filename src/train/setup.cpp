@@ -8,6 +8,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_format.h"
+#include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/host_allocator.h"
 #include "common/log.h"
@@ -185,6 +186,10 @@ void Trainer::State::build() {
     if (state.count("zero.pieces") &&
         !(zero_optimizer ? zero_optimizer->covered_by(state) : comm.world_size() == 1))
       state = checkpoint::load_optimizer_parts(resume_source->path);
+    // The same for a ZeRO-3 checkpoint's weights: its own part, unless cut otherwise.
+    if (checkpoint::is_weight_parts(resume_source->data.model) &&
+        !weights_covered_by(resume_source->data.model))
+      resume_source->data.model = checkpoint::load_model_parts(resume_source->path);
     restore(resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
     resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
     resumed = true;

@@ -41,6 +41,14 @@ checkpoint::TensorMap Trainer::State::weights() const {
   return out;
 }
 
+bool Trainer::State::weights_covered_by(const checkpoint::TensorMap& weights) const {
+  if (!sharded) return !checkpoint::is_weight_parts(weights);
+  for (const auto& piece : sharded->owned_pieces())
+    if (!checkpoint::covers(weights, sharded->name_of(piece.param), piece.begin, piece.numel()))
+      return false;
+  return true;
+}
+
 void Trainer::State::load_weights(const checkpoint::TensorMap& weights) {
   torch::NoGradGuard no_grad;
   if (sharded) {

@@ -110,6 +110,8 @@ struct Trainer::State {
   // position (checkpoint/weight_parts.h).
   checkpoint::TensorMap weights() const;
   void load_weights(const checkpoint::TensorMap& weights);
+  // Whether `weights` hold every element this rank loads (its own parts, or whole tensors).
+  bool weights_covered_by(const checkpoint::TensorMap& weights) const;
   // The collaborators recovery moves and writes (built with the record).
   RecoveryParts recovery_parts();
 

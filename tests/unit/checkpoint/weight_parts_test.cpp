@@ -33,6 +33,14 @@ TEST(WeightParts, AnyRangeComesFromTheWholeTensorOrFromPieces) {
     copy_elements(source, "a.weight", 5, dst);
     EXPECT_TRUE(torch::equal(dst, torch::arange(5, 16, torch::kFloat)));
   }
+  EXPECT_TRUE(covers(parts, "a.weight", 5, 11));
+  EXPECT_TRUE(covers(whole, "a.weight", 0, 30));
+  EXPECT_FALSE(covers(whole, "a.weight", 20, 11));
+  TensorMap holed = parts;
+  holed.erase(piece_key("a.weight", 7));
+  EXPECT_TRUE(covers(holed, "a.weight", 0, 7));
+  EXPECT_FALSE(covers(holed, "a.weight", 5, 11));
+  EXPECT_FALSE(covers(parts, "b.weight", 0, 1));
   const TensorMap back = whole_weights(parts);
   ASSERT_EQ(back.size(), 1u);
   EXPECT_TRUE(torch::equal(back.at("a.weight"), w));
