@@ -348,10 +348,12 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
 CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   Manifest m = read_manifest(dir);
   // Without sharding every rank holds the whole optimizer state, so a run at another world size
-  // reads any rank's copy; sharded (ZeRO-1) at another world size, it gets every rank's part, keyed
-  // "rank{r}/...", and takes what it owns now. RNG and loss-scaler state come from the rank of the
-  // same number modulo the writer's world size (a resume at another world size is not bit-exact;
-  // the data order is).
+  // reads any rank's copy; sharded (ZeRO-1/2/3) at another world size, it gets every rank's part,
+  // keyed "rank{r}/...", and takes what it owns now. A ZeRO-3 checkpoint's weights likewise: this
+  // rank's part at the same world size, every part merged at another (the trainer reads every
+  // part when its own does not cover what it owns: load_optimizer_parts, load_model_parts). RNG
+  // and loss-scaler state come from the rank of the same number modulo the writer's world size
+  // (a resume at another world size is not bit-exact; the data order is).
   const int source = rank % m.world_size;
   CheckpointData d;
   if (m.files.count("model.safetensors")) {
