@@ -378,22 +378,27 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   return d;
 }
 
-std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
+namespace {
+
+// Every rank's STEM.rank{r}.safetensors, merged; keyed "rank{r}/..." when `by_rank`.
+std::map<std::string, torch::Tensor> load_every_rank(const fs::path& dir, const char* stem,
+                                                     bool by_rank) {
   const Manifest m = read_manifest(dir);
   std::map<std::string, torch::Tensor> out;
   for (int r = 0; r < m.world_size; ++r)
-    for (auto& [k, v] : load_tensors(dir, m, rank_file("optimizer", r, "safetensors")))
-      out["rank" + std::to_string(r) + "/" + k] = std::move(v);
+    for (auto& [k, v] : load_tensors(dir, m, rank_file(stem, r, "safetensors")))
+      out[by_rank ? "rank" + std::to_string(r) + "/" + k : k] = std::move(v);
   return out;
 }
 
+}  // namespace
+
+std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
+  return load_every_rank(dir, "optimizer", /*by_rank=*/true);
+}
+
 std::map<std::string, torch::Tensor> load_model_parts(const fs::path& dir) {
-  const Manifest m = read_manifest(dir);
-  std::map<std::string, torch::Tensor> out;
-  for (int r = 0; r < m.world_size; ++r)
-    for (auto& [k, v] : load_tensors(dir, m, rank_file("model", r, "safetensors")))
-      out[k] = std::move(v);
-  return out;
+  return load_every_rank(dir, "model", /*by_rank=*/false);  // piece keys are unique across ranks
 }
 
 Checkpointer::Checkpointer(fs::path checkpoints_dir, const config::CheckpointConfig& cfg, int rank,
