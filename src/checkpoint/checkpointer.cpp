@@ -356,13 +356,10 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   // (a resume at another world size is not bit-exact; the data order is).
   const int source = rank % m.world_size;
   CheckpointData d;
-  if (m.files.count("model.safetensors")) {
-    d.model = load_tensors(dir, m, "model.safetensors");
-  } else if (m.world_size == world_size) {  // ZeRO-3: this rank's own part
-    d.model = load_tensors(dir, m, rank_file("model", rank, "safetensors"));
-  } else {  // every rank's part, merged (piece keys are unique across the parts)
-    d.model = load_model_parts(dir);
-  }
+  const bool model_in_parts = !m.files.count("model.safetensors");
+  d.model = model_in_parts && m.world_size == world_size
+                ? load_tensors(dir, m, rank_file("model", rank, "safetensors"))  // its own part
+                : load_model(dir);
   if (m.optimizer_sharded && m.world_size != world_size) {
     d.optimizer = load_optimizer_parts(dir);
   } else {
@@ -399,6 +396,12 @@ std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
 
 std::map<std::string, torch::Tensor> load_model_parts(const fs::path& dir) {
   return load_every_rank(dir, "model", /*by_rank=*/false);  // piece keys are unique across ranks
+}
+
+std::map<std::string, torch::Tensor> load_model(const fs::path& dir) {
+  const Manifest m = read_manifest(dir);
+  return m.files.count("model.safetensors") ? load_tensors(dir, m, "model.safetensors")
+                                            : load_model_parts(dir);
 }
 
 Checkpointer::Checkpointer(fs::path checkpoints_dir, const config::CheckpointConfig& cfg, int rank,

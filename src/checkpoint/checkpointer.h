@@ -149,6 +149,9 @@ std::map<std::string, torch::Tensor> load_optimizer_parts(const std::filesystem:
 // Every rank's part of a ZeRO-3 checkpoint's weights, merged (load_checkpoint gives this rank's
 // own part at the same world size).
 std::map<std::string, torch::Tensor> load_model_parts(const std::filesystem::path& dir);
+// A checkpoint's weights alone, verified: model.safetensors, or every rank's part merged (put
+// them together with weight_parts.h's whole_weights).
+std::map<std::string, torch::Tensor> load_model(const std::filesystem::path& dir);
 
 struct LoadedCheckpoint {
   std::filesystem::path path;

@@ -42,6 +42,11 @@ std::string piece_key(const std::string& param, int64_t first_element) {
 
 std::string shape_key(const std::string& param) { return param + kSeparator + kShape; }
 
+bool is_shape_key(const std::string& key) {
+  const size_t at = key.rfind(kSeparator);
+  return at != std::string::npos && key.compare(at + 1, std::string::npos, kShape) == 0;
+}
+
 bool is_weight_parts(const TensorMap& weights) {
   return std::any_of(weights.begin(), weights.end(),
                      [](const auto& kv) { return kv.first.find(kSeparator) != std::string::npos; });
@@ -86,9 +91,8 @@ TensorMap whole_weights(const TensorMap& weights) {
   if (!is_weight_parts(weights)) return weights;
   TensorMap out;
   for (const auto& [key, value] : weights) {
-    const size_t at = key.rfind(kSeparator);
-    if (at == std::string::npos || key.substr(at + 1) != kShape) continue;
-    const std::string param = key.substr(0, at);
+    if (!is_shape_key(key)) continue;
+    const std::string param = key.substr(0, key.rfind(kSeparator));
     const Tensor shape = value.to(torch::kCPU, torch::kInt64).contiguous();
     std::vector<int64_t> sizes(shape.data_ptr<int64_t>(),
                                shape.data_ptr<int64_t>() + shape.numel());

@@ -21,6 +21,8 @@ std::string piece_key(const std::string& param, int64_t first_element);
 std::string shape_key(const std::string& param);
 // Whether `weights` are parts (any piece or shape key) rather than whole tensors by name.
 bool is_weight_parts(const TensorMap& weights);
+// Whether `key` is a parameter's shape ("<parameter>@shape"): one per parameter in the parts.
+bool is_shape_key(const std::string& key);
 
 // Copies elements [first, first + dst.numel()) of parameter `param` (flattened) into `dst`, from
 // the whole tensor of that name or from its pieces; CheckpointError naming the parameter when

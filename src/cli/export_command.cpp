@@ -109,21 +109,11 @@ int export_hf(const ExportArgs& a) {
   const config::ModelConfig& m = cfg.model;
   const std::string arch = checkpoint::hf_architecture(m);  // refuses what transformers lacks
 
-  // model.safetensors, or a ZeRO-3 checkpoint's parts (model.rank{r}.safetensors) put together.
-  std::vector<std::string> listed;
-  for (const auto& [name, f] : manifest.files) listed.push_back(name);
-  const std::vector<std::string> files = checkpoint::model_files(listed);
-  if (files.empty())
-    throw CheckpointError((dir / "MANIFEST.json").string() + ": lists no model.safetensors");
-  checkpoint::TensorMap weights;
-  for (const auto& file : files) {
-    checkpoint::FileDigest digest;
-    auto part = checkpoint::read_safetensors(dir / file, &digest);
-    check_digest(dir, manifest, file, digest.size, checkpoint::xxh3_hex(digest.xxh3));
-    for (auto& [k, v] : part.tensors) weights[k] = std::move(v);
-  }
-  const auto tensors = checkpoint::to_hf_tensors(checkpoint::whole_weights(weights), m,
-                                                 (dir / files.front()).string());
+  // model.safetensors, or a ZeRO-3 checkpoint's parts (model.rank{r}.safetensors) put together;
+  // every file checked against the MANIFEST as it is read.
+  const auto tensors =
+      checkpoint::to_hf_tensors(checkpoint::whole_weights(checkpoint::load_model(dir)), m,
+                                (dir / "model.safetensors").string());
 
   const auto [data_dir, no_tokenizer_reason] = tokenizer_source(a, cfg);
   std::error_code ec;

@@ -90,23 +90,23 @@ int inspect(fs::path arg) {
     for (const auto& [name, f] : m.files) listed.push_back(name);
     const auto files = checkpoint::model_files(listed);
     if (files.empty()) throw CheckpointError("MANIFEST.json lists no model.safetensors");
+    // A ZeRO-3 checkpoint: each rank's pieces, and one shape per parameter.
+    const bool parts = files.front() != "model.safetensors";
     int64_t params = 0, tensors = 0;
-    for (const auto& file : files) {  // a ZeRO-3 checkpoint: each rank's part
-      auto h = checkpoint::read_safetensors_header(dir / file);
-      for (const auto& t : h.tensors) {
-        const bool shape = t.name.size() > 6 && t.name.compare(t.name.size() - 6, 6, "@shape") == 0;
-        if (files.size() > 1 && shape) {
+    for (const auto& file : files) {
+      for (const auto& t : checkpoint::read_safetensors_header(dir / file).tensors) {
+        if (checkpoint::is_shape_key(t.name)) {
           ++tensors;
           continue;
         }
         int64_t n = 1;
         for (int64_t d : t.shape) n *= d;
-        if (files.size() == 1) ++tensors;
+        tensors += !parts;
         params += n;
       }
     }
     std::cout << fmt::format("model:       {} tensors, {} parameters{}\n", tensors, params,
-                             files.size() > 1 ? fmt::format(" (in {} parts)", files.size()) : "");
+                             parts ? fmt::format(" (in {} parts)", files.size()) : "");
   } catch (const CheckpointError& e) {
     std::cout << "model:       unreadable: " << e.what() << "\n";
   }

@@ -28,6 +28,9 @@ TEST(WeightParts, AnyRangeComesFromTheWholeTensorOrFromPieces) {
   const TensorMap parts = parts_of("a.weight", w, {0, 7, 8, 20, 30});
   EXPECT_FALSE(is_weight_parts(whole));
   EXPECT_TRUE(is_weight_parts(parts));
+  EXPECT_TRUE(is_shape_key(shape_key("a.weight")));
+  EXPECT_FALSE(is_shape_key(piece_key("a.weight", 0)));
+  EXPECT_FALSE(is_shape_key("a.weight"));
   for (const auto& source : {whole, parts}) {
     Tensor dst = torch::zeros({11});
     copy_elements(source, "a.weight", 5, dst);
