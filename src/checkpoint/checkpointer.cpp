@@ -375,11 +375,9 @@ CheckpointData load_checkpoint(const fs::path& dir, int rank, int world_size) {
   return d;
 }
 
-namespace {
-
 // Every rank's STEM.rank{r}.safetensors, merged; keyed "rank{r}/..." when `by_rank`.
-std::map<std::string, torch::Tensor> load_every_rank(const fs::path& dir, const char* stem,
-                                                     bool by_rank) {
+static std::map<std::string, torch::Tensor> load_every_rank(const fs::path& dir, const char* stem,
+                                                            bool by_rank) {
   const Manifest m = read_manifest(dir);
   std::map<std::string, torch::Tensor> out;
   for (int r = 0; r < m.world_size; ++r)
@@ -388,14 +386,17 @@ std::map<std::string, torch::Tensor> load_every_rank(const fs::path& dir, const 
   return out;
 }
 
-}  // namespace
-
 std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
   return load_every_rank(dir, "optimizer", /*by_rank=*/true);
 }
 
 std::map<std::string, torch::Tensor> load_model_parts(const fs::path& dir) {
   return load_every_rank(dir, "model", /*by_rank=*/false);  // piece keys are unique across ranks
+}
+
+void verify_file(const fs::path& dir, const Manifest& m, const std::string& name) {
+  listed(dir, m, name);
+  check_digest(dir, m, name, hash_file(dir / name));
 }
 
 std::map<std::string, torch::Tensor> load_model(const fs::path& dir) {

@@ -4,6 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 #include <set>
 
 #include "common/error.h"
@@ -162,6 +165,72 @@ json read_json_file(const fs::path& path) {
   }
 }
 
+// An HF file's tensors: shape and dtype by name, without their data.
+struct HfTensorInfo {
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype;
+};
+using HfTensors = std::map<std::string, HfTensorInfo>;
+
+// transformers' name of each HF tensor -> the name it has in `found`: openai-community/gpt2 and
+// other early files name GPT-2's tensors without "transformer.".
+std::map<std::string, std::string> hf_names(const HfTensors& found, const config::ModelConfig& m) {
+  const bool bare =
+      is_gpt2(m) && !found.count("transformer.wte.weight") && found.count("wte.weight");
+  std::map<std::string, std::string> out;
+  for (const auto& [name, info] : found)
+    out[bare && name != "lm_head.weight" ? "transformer." + name : name] = name;
+  return out;
+}
+
+// Every HF tensor keel's model needs is in `found` with its shape and a floating dtype, and
+// nothing is there that the model has no place for; CheckpointError naming `source` otherwise.
+void check_hf_tensors(const HfTensors& found, const std::map<std::string, std::string>& names,
+                      const config::ModelConfig& m, const std::string& source) {
+  std::set<std::string> used;
+  for (const auto& map : mappings(m)) {
+    for (const auto& part : map.parts) {
+      auto it = names.find(part.name);
+      if (it == names.end())
+        throw CheckpointError(
+            fmt::format("{}: no tensor {} (keel's {})", source, part.name, map.keel));
+      const HfTensorInfo& info = found.at(it->second);
+      const auto want = part_shape(map, part);
+      if (info.shape != want)
+        throw CheckpointError(fmt::format("{}: {} has shape {}, keel's model needs {}", source,
+                                          part.name, shape_str(info.shape), shape_str(want)));
+      if (!c10::isFloatingType(info.dtype))
+        throw CheckpointError(
+            fmt::format("{}: {} is not a floating-point tensor", source, part.name));
+      used.insert(part.name);
+    }
+  }
+  std::vector<std::string> unknown;
+  for (const auto& [name, stored] : names)
+    if (!used.count(name) && !ignorable_hf_tensor(name, m)) unknown.push_back(stored);
+  if (!unknown.empty()) {
+    const size_t shown = std::min<size_t>(unknown.size(), 5);
+    throw CheckpointError(fmt::format(
+        "{}: {} tensor(s) keel's model has no place for: {}{}; HINT: config.json and the weights "
+        "disagree, or the model has parts keel does not implement",
+        source, unknown.size(),
+        fmt::join(unknown.begin(), unknown.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+        unknown.size() > shown ? ", ..." : ""));
+  }
+}
+
+// keel's tensor `map` (fp32, CPU, contiguous) from its HF parts, which `fetch` reads by
+// transformers' name (checked already: check_hf_tensors).
+torch::Tensor assemble(const Mapping& map,
+                       const std::function<torch::Tensor(const std::string&)>& fetch) {
+  std::vector<torch::Tensor> pieces;
+  for (const auto& part : map.parts) {
+    auto p = fetch(part.name).to(torch::kCPU, torch::kFloat);
+    pieces.push_back(map.transposed ? p.t() : p);
+  }
+  return pieces.size() == 1 ? pieces[0].contiguous() : torch::cat(pieces, 0);
+}
+
 }  // namespace
 
 std::string hf_architecture(const config::ModelConfig& m) {
@@ -251,81 +320,85 @@ json hf_generation_config(const HfTokenIds& tokens) {
   return j;
 }
 
-TensorMap to_hf_tensors(const TensorMap& keel, const config::ModelConfig& m,
-                        const std::string& source) {
-  hf_architecture(m);  // refuses what transformers cannot represent
-  TensorMap out;
+namespace {
+
+// keel's tensors (`shapes`) are those of the model `m`: each there with its shape, nothing else
+// but the rotary tables. CheckpointError naming `source` otherwise.
+void check_keel_tensors(const std::map<std::string, std::vector<int64_t>>& shapes,
+                        const config::ModelConfig& m, const std::string& source) {
   std::set<std::string> used;
   for (const auto& map : mappings(m)) {
-    auto it = keel.find(map.keel);
-    if (it == keel.end())
+    auto it = shapes.find(map.keel);
+    if (it == shapes.end())
       throw CheckpointError(
           fmt::format("{}: no tensor {}, which the config's model has", source, map.keel));
-    const auto& t = it->second;
-    if (t.sizes() != c10::IntArrayRef(map.shape))
+    if (it->second != map.shape)
       throw CheckpointError(fmt::format("{}: {} has shape {}, the config's model {}", source,
-                                        map.keel, shape_str(t.sizes()), shape_str(map.shape)));
+                                        map.keel, shape_str(it->second), shape_str(map.shape)));
     used.insert(map.keel);
-    for (const auto& part : map.parts) {
-      auto p = t.narrow(0, part.offset, part.rows).to(torch::kCPU, torch::kFloat);
-      out[part.name] = (map.transposed ? p.t() : p).contiguous();
-    }
   }
-  for (const auto& [name, t] : keel) {
+  for (const auto& [name, shape] : shapes) {
     if (used.count(name) || name == "rope_cos" || name == "rope_sin") continue;
     throw CheckpointError(fmt::format(
         "{}: tensor {} is not part of the model the config describes (model section changed?)",
         source, name));
   }
+}
+
+// HF tensor `part` of `map` (fp32, CPU, contiguous) from the keel rows it holds.
+torch::Tensor hf_part(const Mapping& map, const Part& part, const KeelRows& rows) {
+  auto p = rows(map.keel, part.offset, part.rows).to(torch::kCPU, torch::kFloat);
+  return (map.transposed ? p.t() : p).contiguous();
+}
+
+}  // namespace
+
+TensorMap to_hf_tensors(const TensorMap& keel, const config::ModelConfig& m,
+                        const std::string& source) {
+  hf_architecture(m);  // refuses what transformers cannot represent
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : keel) shapes[name] = t.sizes().vec();
+  check_keel_tensors(shapes, m, source);
+  const KeelRows rows = [&keel](const std::string& name, int64_t first, int64_t n) {
+    return keel.at(name).narrow(0, first, n);
+  };
+  TensorMap out;
+  for (const auto& map : mappings(m))
+    for (const auto& part : map.parts) out[part.name] = hf_part(map, part, rows);
   return out;
 }
 
-TensorMap from_hf_tensors(const TensorMap& hf_in, const config::ModelConfig& m,
-                          const std::string& source) {
+FileDigest write_hf_weights(const fs::path& path, const config::ModelConfig& m,
+                            const std::map<std::string, std::vector<int64_t>>& keel_shapes,
+                            const KeelRows& rows, const std::string& source) {
   hf_architecture(m);
-  // openai-community/gpt2 and other early files name GPT-2's tensors without "transformer.".
-  TensorMap renamed;
-  const TensorMap* hf = &hf_in;
-  if (is_gpt2(m) && !hf_in.count("transformer.wte.weight") && hf_in.count("wte.weight")) {
-    for (const auto& [name, t] : hf_in)
-      renamed[name == "lm_head.weight" ? name : "transformer." + name] = t;
-    hf = &renamed;
-  }
-  TensorMap out;
-  std::set<std::string> used;
-  for (const auto& map : mappings(m)) {
-    std::vector<torch::Tensor> pieces;
+  check_keel_tensors(keel_shapes, m, source);
+  std::map<std::string, std::pair<const Mapping*, const Part*>> by_hf_name;
+  std::vector<TensorSpec> specs;
+  const std::vector<Mapping> maps = mappings(m);
+  for (const auto& map : maps) {
     for (const auto& part : map.parts) {
-      auto it = hf->find(part.name);
-      if (it == hf->end())
-        throw CheckpointError(
-            fmt::format("{}: no tensor {} (keel's {})", source, part.name, map.keel));
-      const auto want = part_shape(map, part);
-      if (it->second.sizes() != c10::IntArrayRef(want))
-        throw CheckpointError(fmt::format("{}: {} has shape {}, keel's model needs {}", source,
-                                          part.name, shape_str(it->second.sizes()),
-                                          shape_str(want)));
-      if (!it->second.is_floating_point())
-        throw CheckpointError(
-            fmt::format("{}: {} is not a floating-point tensor", source, part.name));
-      used.insert(part.name);
-      auto p = it->second.to(torch::kCPU, torch::kFloat);
-      pieces.push_back(map.transposed ? p.t() : p);
+      by_hf_name[part.name] = {&map, &part};
+      specs.push_back({part.name, torch::kFloat, part_shape(map, part)});
     }
-    out[map.keel] = pieces.size() == 1 ? pieces[0].contiguous() : torch::cat(pieces, 0);
   }
-  std::vector<std::string> unknown;
-  for (const auto& [name, t] : *hf)
-    if (!used.count(name) && !ignorable_hf_tensor(name, m)) unknown.push_back(name);
-  if (!unknown.empty()) {
-    const size_t shown = std::min<size_t>(unknown.size(), 5);
-    throw CheckpointError(fmt::format(
-        "{}: {} tensor(s) keel's model has no place for: {}{}; HINT: config.json and the weights "
-        "disagree, or the model has parts keel does not implement",
-        source, unknown.size(),
-        fmt::join(unknown.begin(), unknown.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-        unknown.size() > shown ? ", ..." : ""));
-  }
+  return write_safetensors_streamed(path, specs,
+                                    [&](const std::string& name) {
+                                      const auto& [map, part] = by_hf_name.at(name);
+                                      return hf_part(*map, *part, rows);
+                                    },
+                                    {{"format", "pt"}});
+}
+
+TensorMap from_hf_tensors(const TensorMap& hf, const config::ModelConfig& m,
+                          const std::string& source) {
+  HfTensors found;
+  for (const auto& [name, t] : hf) found[name] = {t.sizes().vec(), t.scalar_type()};
+  const auto names = hf_names(found, m);
+  check_hf_tensors(found, names, m, source);
+  TensorMap out;
+  for (const auto& map : mappings(m))
+    out[map.keel] = assemble(map, [&](const std::string& part) { return hf.at(names.at(part)); });
   return out;
 }
 
@@ -433,33 +506,83 @@ void check_hf_config(const fs::path& dir, const config::ModelConfig& m) {
         dir.string(), fmt::join(problems, "\n  ")));
 }
 
-TensorMap read_hf_model(const fs::path& dir, const config::ModelConfig& m) {
+// Where each tensor of a Hugging Face model directory is: its file and header entry.
+struct HfModelReader::Index {
+  config::ModelConfig model;
+  std::string source;
+  std::vector<Mapping> maps;
+  std::map<std::string, std::string> names;  // transformers' name -> the name in the file
+  std::map<std::string, std::pair<fs::path, std::shared_ptr<const SafetensorsHeader>>> files;
+  std::map<std::string, const TensorEntry*> entries;  // by the name in the file
+};
+
+HfModelReader::HfModelReader(const fs::path& dir, const config::ModelConfig& m) {
   check_hf_config(dir, m);
+  auto index = std::make_shared<Index>();
+  index->model = m;
+  index->source = dir.string();
+  index->maps = mappings(m);
   std::error_code ec;
-  TensorMap tensors;
-  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  std::set<std::string> files;
+  const fs::path single = dir / "model.safetensors", listing = dir / "model.safetensors.index.json";
   if (fs::exists(single, ec)) {
-    tensors = read_safetensors(single).tensors;
-  } else if (fs::exists(index, ec)) {
-    const json idx = read_json_file(index);
+    files.insert(single.filename().string());
+  } else if (fs::exists(listing, ec)) {
+    const json idx = read_json_file(listing);
     if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
-      throw CheckpointError(index.string() + ": no weight_map object");
-    std::set<std::string> files;
+      throw CheckpointError(listing.string() + ": no weight_map object");
     for (const auto& [name, file] : idx["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
-        throw CheckpointError(index.string() + ": weight_map entry " + name +
+        throw CheckpointError(listing.string() + ": weight_map entry " + name +
                               " is not a file name");
       files.insert(file.get<std::string>());
     }
-    for (const auto& f : files)
-      for (auto& [name, t] : read_safetensors(dir / f).tensors) tensors[name] = std::move(t);
   } else {
     throw CheckpointError(dir.string() +
                           ": no model.safetensors (nor model.safetensors.index.json); HINT: keel "
                           "reads safetensors only: save with save_pretrained(DIR, "
                           "safe_serialization=True)");
   }
-  return from_hf_tensors(tensors, m, dir.string());
+  HfTensors found;
+  for (const auto& f : files) {
+    auto header = std::make_shared<const SafetensorsHeader>(read_safetensors_header(dir / f));
+    for (const auto& e : header->tensors) {
+      found[e.name] = {e.shape, e.dtype};
+      index->entries[e.name] = &e;
+      index->files[e.name] = {dir / f, header};
+    }
+  }
+  index->names = hf_names(found, m);
+  check_hf_tensors(found, index->names, m, index->source);
+  index_ = std::move(index);
+}
+
+std::vector<std::string> HfModelReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& map : index_->maps) out.push_back(map.keel);
+  return out;
+}
+
+torch::Tensor HfModelReader::read(const std::string& keel_name) const {
+  for (const auto& map : index_->maps) {
+    if (map.keel != keel_name) continue;
+    return assemble(map, [this](const std::string& hf) {
+      const std::string& stored = index_->names.at(hf);
+      const TensorEntry& e = *index_->entries.at(stored);
+      const auto& [file, header] = index_->files.at(stored);
+      int64_t numel = 1;
+      for (int64_t n : e.shape) numel *= n;
+      return read_safetensors_elements(file, *header, e, 0, numel).view(e.shape);
+    });
+  }
+  throw CheckpointError(index_->source + ": keel's model has no tensor " + keel_name);
+}
+
+TensorMap read_hf_model(const fs::path& dir, const config::ModelConfig& m) {
+  const HfModelReader reader(dir, m);
+  TensorMap out;
+  for (const auto& name : reader.names()) out[name] = reader.read(name);
+  return out;
 }
 
 }  // namespace keel::checkpoint

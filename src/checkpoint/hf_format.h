@@ -27,6 +27,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -61,6 +64,17 @@ nlohmann::json hf_generation_config(const HfTokenIds& tokens);
 // has another shape, or one is there that the model does not have.
 TensorMap to_hf_tensors(const TensorMap& keel, const config::ModelConfig& m,
                         const std::string& source);
+// Rows [first, first + rows) along dim 0 of keel's tensor `name`, in its shape but for dim 0.
+using KeelRows = std::function<torch::Tensor(const std::string& name, int64_t first, int64_t rows)>;
+
+// to_hf_tensors written as `path` (model.safetensors, metadata {"format": "pt"}) one HF tensor at
+// a time, each made from the rows of keel's tensor it holds alone, read through `rows`: memory
+// for one tensor, whatever the model's size (keel export). `keel_shapes`: keel's tensors and
+// their shapes, checked as to_hf_tensors checks. The bytes write_safetensors would write.
+FileDigest write_hf_weights(const std::filesystem::path& path, const config::ModelConfig& m,
+                            const std::map<std::string, std::vector<int64_t>>& keel_shapes,
+                            const KeelRows& rows, const std::string& source);
+
 // The inverse. Also reads GPT-2 files saved without the "transformer." prefix, converts other
 // float dtypes to fp32, and ignores what transformers itself ignores (GPT-2's attn.bias and
 // attn.masked_bias buffers, rotary inv_freq, lm_head.weight of a tied model).
@@ -78,9 +92,26 @@ std::vector<std::string> hf_config_mismatches(const nlohmann::json& hf,
 // before it starts anything.
 void check_hf_config(const std::filesystem::path& dir, const config::ModelConfig& m);
 
-// The weights of a Hugging Face model directory as keel's named tensors (fp32, CPU): config.json
-// is checked against `m` first (check_hf_config), then model.safetensors, or the files
-// model.safetensors.index.json names, are read (CheckpointError when missing or malformed).
+// A Hugging Face model directory read one of keel's tensors at a time (`keel train --init-from`,
+// which never holds a second copy of the model, and under ZeRO-3 reads unit by unit): config.json
+// is checked against `m` first (check_hf_config), then the headers of model.safetensors, or of
+// the files model.safetensors.index.json names. Every tensor keel's model needs must be there with
+// its shape and a floating dtype, and none it has no place for: CheckpointError otherwise, before
+// any weight is read.
+class HfModelReader {
+ public:
+  HfModelReader(const std::filesystem::path& dir, const config::ModelConfig& m);
+  // keel's tensor names, in the model's order.
+  std::vector<std::string> names() const;
+  // keel's tensor `name` (fp32, CPU, contiguous), read from its HF tensors alone.
+  torch::Tensor read(const std::string& name) const;
+
+ private:
+  struct Index;
+  std::shared_ptr<const Index> index_;
+};
+
+// Every tensor of HfModelReader(dir, m), in one map.
 TensorMap read_hf_model(const std::filesystem::path& dir, const config::ModelConfig& m);
 
 }  // namespace keel::checkpoint

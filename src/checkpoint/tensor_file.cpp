@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "common/error.h"
 
@@ -54,9 +55,18 @@ const DtypeInfo* find_dtype(torch::ScalarType t) {
 struct Prepared {
   std::string name;
   const DtypeInfo* dtype;
-  torch::Tensor cpu;
+  torch::Tensor cpu;  // undefined for a tensor declared now and produced later
+  std::vector<int64_t> shape;
   uint64_t nbytes;
 };
+
+// write_safetensors' order: descending dtype rank (alignment), then name.
+void sort_for_file(std::vector<Prepared>& ts) {
+  std::stable_sort(ts.begin(), ts.end(), [](const Prepared& a, const Prepared& b) {
+    if (a.dtype->rank != b.dtype->rank) return a.dtype->rank > b.dtype->rank;
+    return a.name < b.name;
+  });
+}
 
 std::vector<Prepared> prepare(const TensorMap& tensors) {
   std::vector<Prepared> out;
@@ -73,12 +83,10 @@ std::vector<Prepared> prepare(const TensorMap& tensors) {
     torch::Tensor c = t.detach();
     if (!c.device().is_cpu()) c = c.to(torch::kCPU);
     c = c.contiguous();
-    out.push_back({name, d, c, static_cast<uint64_t>(c.numel()) * c.element_size()});
+    out.push_back(
+        {name, d, c, c.sizes().vec(), static_cast<uint64_t>(c.numel()) * c.element_size()});
   }
-  std::stable_sort(out.begin(), out.end(), [](const Prepared& a, const Prepared& b) {
-    if (a.dtype->rank != b.dtype->rank) return a.dtype->rank > b.dtype->rank;
-    return a.name < b.name;
-  });
+  sort_for_file(out);
   return out;
 }
 
@@ -95,7 +103,7 @@ std::string header_for(const std::vector<Prepared>& ts, const StringMap& metadat
   for (const auto& p : ts) {
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
     e["dtype"] = p.dtype->name;
-    e["shape"] = p.cpu.sizes().vec();
+    e["shape"] = p.shape;
     e["data_offsets"] = {offset, offset + p.nbytes};
     offset += p.nbytes;
     h[p.name] = std::move(e);
@@ -303,6 +311,36 @@ FileDigest write_safetensors(const fs::path& path, const TensorMap& tensors,
   return w.finish(do_fsync);
 }
 
+FileDigest write_safetensors_streamed(
+    const fs::path& path, const std::vector<TensorSpec>& specs,
+    const std::function<torch::Tensor(const std::string&)>& produce, const StringMap& metadata,
+    bool do_fsync) {
+  std::vector<Prepared> declared;
+  for (const auto& spec : specs) {
+    const DtypeInfo* d = find_dtype(spec.dtype);
+    if (!d) safetensors_dtype(spec.dtype);  // throws, naming the dtype
+    int64_t numel = 1;
+    for (int64_t n : spec.shape) numel *= n;
+    declared.push_back({spec.name, d, torch::Tensor(), spec.shape,
+                        static_cast<uint64_t>(numel) * c10::elementSize(spec.dtype)});
+  }
+  sort_for_file(declared);
+  std::string header = header_for(declared, metadata);
+  std::string prefix = length_prefix(header.size());
+  HashingWriter w(path);
+  w.write(prefix.data(), prefix.size());
+  w.write(header.data(), header.size());
+  for (const auto& p : declared) {
+    torch::Tensor t = produce(p.name).detach();
+    if (t.scalar_type() != p.dtype->type || t.sizes() != c10::IntArrayRef(p.shape))
+      throw std::logic_error("write_safetensors_streamed: " + p.name +
+                             " was produced with another dtype or shape than declared");
+    t = t.to(torch::kCPU).contiguous();
+    if (p.nbytes > 0) w.write(t.data_ptr(), p.nbytes);
+  }
+  return w.finish(do_fsync);
+}
+
 std::string encode_safetensors(const TensorMap& tensors, const StringMap& metadata) {
   auto prepared = prepare(tensors);
   std::string header = header_for(prepared, metadata);
@@ -314,6 +352,22 @@ std::string encode_safetensors(const TensorMap& tensors, const StringMap& metada
 SafetensorsHeader read_safetensors_header(const fs::path& path) {
   Fd fd(path);
   return read_raw_header(fd.get(), path).header;
+}
+
+torch::Tensor read_safetensors_elements(const fs::path& path, const SafetensorsHeader& header,
+                                        const TensorEntry& entry, int64_t first, int64_t count) {
+  const int64_t size = static_cast<int64_t>(c10::elementSize(entry.dtype));
+  const int64_t numel = static_cast<int64_t>(entry.end - entry.begin) / size;
+  if (first < 0 || count < 0 || first + count > numel)
+    fail(path.string(), "elements [" + std::to_string(first) + ", " +
+                            std::to_string(first + count) + ") asked of '" + entry.name +
+                            "', which has " + std::to_string(numel));
+  torch::Tensor t = torch::empty({count}, torch::TensorOptions().dtype(entry.dtype));
+  Fd fd(path);
+  if (count > 0)
+    pread_full(fd.get(), path, t.data_ptr(), static_cast<uint64_t>(count * size),
+               header.data_start + entry.begin + static_cast<uint64_t>(first * size));
+  return t;
 }
 
 SafetensorsContents read_safetensors(const fs::path& path, FileDigest* digest) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,6 +35,21 @@ std::optional<torch::ScalarType> dtype_from_safetensors(std::string_view name);
 // Returns the file's size and xxh3, computed while writing (no second read).
 FileDigest write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
                              const StringMap& metadata = {}, bool do_fsync = true);
+
+// A tensor of a file written tensor by tensor.
+struct TensorSpec {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+// The file write_safetensors writes, for tensors that need not all be in memory at once: the
+// header comes from `specs`, then `produce(name)` is called for each tensor in the file's order,
+// and each is written (and freed) before the next is asked for. Memory: one tensor.
+FileDigest write_safetensors_streamed(
+    const std::filesystem::path& path, const std::vector<TensorSpec>& specs,
+    const std::function<torch::Tensor(const std::string& name)>& produce,
+    const StringMap& metadata = {}, bool do_fsync = true);
 
 // The bytes write_safetensors would produce, in memory (tests, small files).
 std::string encode_safetensors(const TensorMap& tensors, const StringMap& metadata = {});
@@ -59,6 +75,13 @@ struct SafetensorsContents {
 
 // Reads only the header (inspect: names, shapes, parameter counts without loading the data).
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
+
+// Elements [first, first + count) of `entry` (row-major) of the file `path` whose header is
+// `header`, read with pread into a new 1-D CPU tensor of the entry's dtype: a part of a tensor
+// without the rest, or the file, in memory.
+torch::Tensor read_safetensors_elements(const std::filesystem::path& path,
+                                        const SafetensorsHeader& header, const TensorEntry& entry,
+                                        int64_t first, int64_t count);
 
 // Reads the whole file with pread straight into freshly allocated tensors. When `digest` is given
 // it receives the size and xxh3 of the file, computed in the same pass (checksum check for free).

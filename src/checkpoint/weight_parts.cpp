@@ -47,6 +47,19 @@ bool is_shape_key(const std::string& key) {
   return at != std::string::npos && key.compare(at + 1, std::string::npos, kShape) == 0;
 }
 
+bool parse_piece_key(const std::string& key, std::string* param, int64_t* first) {
+  const size_t at = key.rfind(kSeparator);
+  if (at == std::string::npos || is_shape_key(key)) return false;
+  const std::string rest = key.substr(at + 1);
+  char* end = nullptr;
+  const long long value = std::strtoll(rest.c_str(), &end, 10);
+  if (rest.empty() || *end != '\0' || value < 0)
+    throw CheckpointError("weights: '" + key + "' is not <parameter>@<first element>");
+  *param = key.substr(0, at);
+  *first = value;
+  return true;
+}
+
 bool is_weight_parts(const TensorMap& weights) {
   return std::any_of(weights.begin(), weights.end(),
                      [](const auto& kv) { return kv.first.find(kSeparator) != std::string::npos; });

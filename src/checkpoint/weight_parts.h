@@ -24,6 +24,10 @@ bool is_weight_parts(const TensorMap& weights);
 // Whether `key` is a parameter's shape ("<parameter>@shape"): one per parameter in the parts.
 bool is_shape_key(const std::string& key);
 
+// A piece key's parameter and first element; false for any other key (a whole tensor's name, a
+// shape key). CheckpointError when the part after '@' is not a position.
+bool parse_piece_key(const std::string& key, std::string* param, int64_t* first);
+
 // Copies elements [first, first + dst.numel()) of parameter `param` (flattened) into `dst`, from
 // the whole tensor of that name or from its pieces; CheckpointError naming the parameter when
 // they are not all there.

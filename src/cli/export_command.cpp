@@ -8,9 +8,10 @@
 //   tokenizer files         from the prepared data the run trained on (data.path's meta.json,
 //                           data/hf_tokenizer.h); none for synthetic data, which has no text
 // CHECKPOINT_DIR is a step directory, a checkpoints directory or a run directory (then the
-// checkpoint LATEST names, with the usual fallback). model.safetensors and config.yaml are checked
-// against MANIFEST.json as they are read. DIR appears whole or not at all: everything is written
-// into DIR.tmp-<pid> first, then renamed.
+// checkpoint LATEST names, with the usual fallback). The weight files and config.yaml are checked
+// against MANIFEST.json before they are read; the weights are then written one tensor at a time,
+// so the memory export needs is one tensor's. DIR appears whole or not at all: everything is
+// written into DIR.tmp-<pid> first, then renamed.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -23,7 +24,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_format.h"
 #include "checkpoint/tensor_file.h"
-#include "checkpoint/weight_parts.h"
+#include "checkpoint/weight_reader.h"
 #include "cli/commands.h"
 #include "cli/trained_model.h"
 #include "common/error.h"
@@ -43,18 +44,6 @@ struct ExportArgs {
   std::string tokenizer_from;  // empty: the checkpoint's data.path
   bool no_tokenizer = false;
 };
-
-// `name` of a checkpoint must be listed in MANIFEST.json with this size and hash.
-void check_digest(const fs::path& dir, const checkpoint::Manifest& manifest,
-                  const std::string& name, uint64_t size, const std::string& xxh3) {
-  auto it = manifest.files.find(name);
-  if (it == manifest.files.end())
-    throw CheckpointError((dir / "MANIFEST.json").string() + ": does not list " + name);
-  if (it->second.size != size || it->second.xxh3 != xxh3)
-    throw CheckpointError(
-        fmt::format("{}: size {} xxh3 {}, MANIFEST.json says size {} xxh3 {} (corrupt or modified)",
-                    (dir / name).string(), size, xxh3, it->second.size, it->second.xxh3));
-}
 
 void write_json(const fs::path& path, const nlohmann::json& j) {
   checkpoint::write_new_file(path, j.dump(2) + "\n");
@@ -95,12 +84,24 @@ std::pair<std::string, std::string> tokenizer_source(const ExportArgs& a,
   return {data_dir, no_tokenizer_reason};
 }
 
+// The model's parameters in the checkpoint (its rotary buffers, which are not exported, aside).
+int64_t parameter_count(const checkpoint::WeightReader& weights) {
+  int64_t params = 0;
+  for (const auto& [name, shape] : weights.shapes()) {
+    if (name == "rope_cos" || name == "rope_sin") continue;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    params += n;
+  }
+  return params;
+}
+
 int export_hf(const ExportArgs& a) {
   const fs::path dir = find_checkpoint_dir(a.checkpoint);
   const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
 
+  checkpoint::verify_file(dir, manifest, "config.yaml");
   const std::string yaml = checkpoint::read_file(dir / "config.yaml");
-  check_digest(dir, manifest, "config.yaml", yaml.size(), checkpoint::xxh3_hex_of(yaml));
   const auto loaded = config::load_config_from_string(yaml, (dir / "config.yaml").string());
   for (const auto& d : loaded.diagnostics)
     if (d.severity == config::Diagnostic::Severity::kError && d.key.rfind("model", 0) == 0)
@@ -109,11 +110,17 @@ int export_hf(const ExportArgs& a) {
   const config::ModelConfig& m = cfg.model;
   const std::string arch = checkpoint::hf_architecture(m);  // refuses what transformers lacks
 
-  // model.safetensors, or a ZeRO-3 checkpoint's parts (model.rank{r}.safetensors) put together;
-  // every file checked against the MANIFEST as it is read.
-  const auto tensors =
-      checkpoint::to_hf_tensors(checkpoint::whole_weights(checkpoint::load_model(dir)), m,
-                                (dir / "model.safetensors").string());
+  // model.safetensors, or a ZeRO-3 checkpoint's parts (model.rank{r}.safetensors), every file
+  // checked against the MANIFEST first, then read one HF tensor at a time: the rows of keel's
+  // tensor it holds, from the pieces that hold them (memory for one tensor, at any model size).
+  const checkpoint::WeightReader weights(dir);
+  const checkpoint::KeelRows rows = [&weights](const std::string& name, int64_t first, int64_t n) {
+    std::vector<int64_t> shape = weights.shapes().at(name);
+    int64_t per_row = 1;
+    for (size_t d = 1; d < shape.size(); ++d) per_row *= shape[d];
+    shape[0] = n;
+    return weights.read(name, first * per_row, n * per_row).view(shape);
+  };
 
   const auto [data_dir, no_tokenizer_reason] = tokenizer_source(a, cfg);
   std::error_code ec;
@@ -133,7 +140,8 @@ int export_hf(const ExportArgs& a) {
                                     data_dir, std::max(tok->eos_id, tok->bos_id), m.vocab_size));
       ids = {tok->bos_id, tok->eos_id};
     }
-    checkpoint::write_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    checkpoint::write_hf_weights(tmp / "model.safetensors", m, weights.shapes(), rows,
+                                 (dir / "model.safetensors").string());
     write_json(tmp / "config.json", checkpoint::hf_config(m, ids));
     write_json(tmp / "generation_config.json", checkpoint::hf_generation_config(ids));
     checkpoint::fsync_dir(tmp);
@@ -141,8 +149,7 @@ int export_hf(const ExportArgs& a) {
       checkpoint::throw_io_error(out, "cannot rename " + tmp.string() + " to it", errno);
     checkpoint::fsync_dir(fs::absolute(out).parent_path());
 
-    int64_t params = 0;
-    for (const auto& [name, t] : tensors) params += t.numel();
+    const int64_t params = parameter_count(weights);
     std::cout << fmt::format("exported step {} of {}\n  to {}: {} ({:.2f}M parameters, fp32)\n",
                              manifest.step, fs::absolute(dir).lexically_normal().string(),
                              out.string(), arch, params / 1e6)

@@ -3,7 +3,8 @@
 #include <fstream>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/weight_parts.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/weight_reader.h"
 #include "common/error.h"
 #include "common/paths.h"
 #include "config/load.h"
@@ -29,25 +30,29 @@ fs::path find_checkpoint_dir(const fs::path& arg) {
 
 TrainedModel load_trained_model(const fs::path& arg) {
   const fs::path dir = find_checkpoint_dir(arg);
-  checkpoint::CheckpointData data = checkpoint::load_checkpoint(dir);  // verifies as it reads
-  auto loaded = config::load_config_from_string(data.config_yaml, (dir / "config.yaml").string());
+  const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
+  checkpoint::verify_file(dir, manifest, "config.yaml");
+  const std::string yaml = checkpoint::read_file(dir / "config.yaml");
+  auto loaded = config::load_config_from_string(yaml, (dir / "config.yaml").string());
   TrainedModel t;
   t.checkpoint = dir;
-  t.step = checkpoint::read_manifest(dir).step;
+  t.step = manifest.step;
   t.config = loaded.config;
-  t.model = model::Transformer(t.config.model);
-  data.model = checkpoint::whole_weights(data.model);  // a ZeRO-3 checkpoint's parts put together
+  // The weights one tensor at a time (model.safetensors, or a ZeRO-3 checkpoint's parts), each
+  // file verified first: the model is the one copy in memory.
+  const checkpoint::WeightReader weights(dir);
+  t.model = model::Transformer(t.config.model, model::TransformerImpl::Parameters::kDeferred);
   {
     torch::NoGradGuard no_grad;
     for (auto& item : t.model->named_parameters()) {
-      auto it = data.model.find(item.key());
-      if (it == data.model.end())
+      auto it = weights.shapes().find(item.key());
+      if (it == weights.shapes().end())
         throw CheckpointError(dir.string() + ": model.safetensors has no weights for " +
                               item.key());
-      if (it->second.sizes() != item.value().sizes())
+      if (c10::IntArrayRef(it->second) != item.value().sizes())
         throw CheckpointError(dir.string() + ": weight " + item.key() +
                               " has another shape than model section of its config.yaml says");
-      item.value().copy_(it->second);
+      item.value().set_data(weights.read(item.key()));
     }
   }
   t.model->eval();

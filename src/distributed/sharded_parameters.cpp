@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "model/layers.h"
+
 namespace keel::distributed {
 
 using torch::Tensor;
@@ -43,7 +45,7 @@ class ShardedParameters::GradHook final : public torch::autograd::PostAccumulate
 ShardedParameters::ShardedParameters(
     Communicator& comm, const std::vector<std::pair<std::string, Tensor>>& named_params,
     const model::ParameterUnits& units, config::ReduceDtype reduce_dtype,
-    torch::ScalarType compute_type)
+    torch::ScalarType compute_type, torch::Device device, const InitialValues& initial_values)
     : comm_(comm),
       head_(units.head),
       reduce_type_(reduce_dtype == config::ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat),
@@ -74,11 +76,18 @@ ShardedParameters::ShardedParameters(
       u.numel += params_[it->second].numel();
     }
     u.part = std::max<int64_t>((u.numel + world - 1) / world, 1);
-    const auto options = torch::dtype(torch::kFloat).device(params_.at(u.params.at(0)).device());
+    const auto options = torch::dtype(torch::kFloat).device(device);
     const Tensor whole = torch::zeros({u.part * world}, options);  // the padding stays zero
     for (size_t k = 0; k < u.params.size(); ++k) {
       const Tensor& p = params_[u.params[k]];
-      whole.narrow(0, u.offsets[k], p.numel()).copy_(p.detach().reshape({-1}));
+      Tensor value = p.detach();
+      if (!model::holds_memory(p)) {
+        if (!initial_values)
+          throw std::logic_error("zero 3: parameter " + names_[u.params[k]] + " has no values");
+        value = torch::empty(p.sizes(), torch::kFloat);
+        initial_values(names_[u.params[k]], value);
+      }
+      whole.narrow(0, u.offsets[k], p.numel()).copy_(value.reshape({-1}));
     }
     u.shard = whole.narrow(0, rank * u.part, u.part).clone();
     u.flat = compute_type_ == torch::kFloat ? whole : torch::empty_like(whole, compute_type_);

@@ -26,6 +26,7 @@
 #include <torch/torch.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,14 +42,23 @@ namespace keel::distributed {
 
 class ShardedParameters final : public model::UnitGate, public ShardOwner {
  public:
-  // `named_params`: the model's parameters (fp32, contiguous, on one device, the same values on
-  // every rank), in the trainer's order; every one of them in exactly one of `units`. From here
-  // on the parameters are views of their unit's buffer, which holds no memory until a unit runs,
-  // in `compute_type` (fp32, or the autocast dtype: the master weights stay fp32 in the parts).
+  // The values a unit's deferred parameters start from (model/layers.h): `value` is an fp32 CPU
+  // tensor of parameter `name`'s shape, to fill (the model's initialization, or weights read
+  // from a file). Called unit by unit, in unit order, one unit's parameters at a time.
+  using InitialValues = std::function<void(const std::string& name, torch::Tensor& value)>;
+
+  // `named_params`: the model's parameters (fp32, contiguous, the same values on every rank), in
+  // the trainer's order; every one of them in exactly one of `units`. Each is either on `device`
+  // with its values, or deferred, holding no memory: then `initial_values` gives it values, one
+  // unit at a time, so that no rank holds more of the model whole than its largest unit. From
+  // here on the parameters are views of their unit's buffer on `device`, which holds no memory
+  // until a unit runs, in `compute_type` (fp32, or the autocast dtype: the master weights stay
+  // fp32 in the parts).
   ShardedParameters(Communicator& comm,
                     const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
                     const model::ParameterUnits& units, config::ReduceDtype reduce_dtype,
-                    torch::ScalarType compute_type = torch::kFloat);
+                    torch::ScalarType compute_type, torch::Device device,
+                    const InitialValues& initial_values = {});
   ~ShardedParameters() override;
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
+#include "model/layers.h"
 #include "model/recompute.h"
 
 namespace keel::model {
@@ -31,9 +32,9 @@ Tensor residual_dropout(const Tensor& x, double p, bool training) {
 // RMSNorm (weight only) or LayerNorm (weight and bias) over the last dimension.
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(int64_t dim, bool rms) : dim_(dim), rms_(rms) {
-    weight_ = register_parameter("weight", torch::ones({dim}));
-    if (!rms_) bias_ = register_parameter("bias", torch::zeros({dim}));
+  NormImpl(int64_t dim, bool rms, bool deferred) : dim_(dim), rms_(rms) {
+    weight_ = register_parameter("weight", new_parameter({dim}, deferred));
+    if (!rms_) bias_ = register_parameter("bias", new_parameter({dim}, deferred));
   }
   Tensor forward(const Tensor& x) {  // (..., dim) -> (..., dim)
     if (rms_) {
@@ -62,20 +63,18 @@ Tensor repeat_kv(const Tensor& x, int64_t groups) {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const config::ModelConfig& cfg)
+  AttentionImpl(const config::ModelConfig& cfg, bool deferred)
       : n_heads_(cfg.n_heads),
         n_kv_heads_(config::effective_kv_heads(cfg)),
         head_dim_(cfg.d_model / cfg.n_heads),
         dropout_(cfg.dropout) {
     const bool bias = !is_llama(cfg);
     const int64_t qkv_out = (n_heads_ + 2 * n_kv_heads_) * head_dim_;
-    qkv_ = register_module(
-        "qkv", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, qkv_out).bias(bias)));
-    proj_ = register_module(
-        "proj", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.d_model).bias(bias)));
+    qkv_ = register_module("qkv", Linear(cfg.d_model, qkv_out, bias, deferred));
+    proj_ = register_module("proj", Linear(cfg.d_model, cfg.d_model, bias, deferred));
     if (cfg.qk_norm) {
-      q_norm_ = register_module("q_norm", Norm(head_dim_, /*rms=*/true));
-      k_norm_ = register_module("k_norm", Norm(head_dim_, /*rms=*/true));
+      q_norm_ = register_module("q_norm", Norm(head_dim_, /*rms=*/true, deferred));
+      k_norm_ = register_module("k_norm", Norm(head_dim_, /*rms=*/true, deferred));
     }
   }
 
@@ -160,14 +159,14 @@ class AttentionImpl : public torch::nn::Module {
     return model::linear(y.transpose(1, 2).reshape({B, T, n_heads_ * D}), proj_->weight,
                          proj_->bias);
   }
-  const torch::nn::Linear& qkv() const { return qkv_; }
+  const Linear& qkv() const { return qkv_; }
   const Tensor& last_output_std() const { return last_std_; }  // () fp32 or undefined
   void set_record_stats(bool on) { record_stats_ = on; }
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;
   double dropout_;
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+  Linear qkv_{nullptr}, proj_{nullptr};
   Norm q_norm_{nullptr}, k_norm_{nullptr};
   Tensor last_std_;
   bool record_stats_ = true;
@@ -182,13 +181,11 @@ Region norm_region(const Norm& norm) {
 // llama: SwiGLU, fc holds gate and up side by side (C -> 2F); gpt2: GELU(tanh) with biases.
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const config::ModelConfig& cfg) : llama_(is_llama(cfg)) {
+  MlpImpl(const config::ModelConfig& cfg, bool deferred) : llama_(is_llama(cfg)) {
     const int64_t d_ff = config::effective_d_ff(cfg);
     const int64_t fc_out = llama_ ? 2 * d_ff : d_ff;
-    fc_ = register_module(
-        "fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, fc_out).bias(!llama_)));
-    proj_ = register_module(
-        "proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff, cfg.d_model).bias(!llama_)));
+    fc_ = register_module("fc", Linear(cfg.d_model, fc_out, !llama_, deferred));
+    proj_ = register_module("proj", Linear(d_ff, cfg.d_model, !llama_, deferred));
   }
   Tensor forward(const Tensor& x) {  // (B, T, C) -> (B, T, C)
     return model::linear(activation(model::linear(x, fc_->weight, fc_->bias)), proj_->weight,
@@ -210,20 +207,20 @@ class MlpImpl : public torch::nn::Module {
   }
 
   bool llama_;
-  torch::nn::Linear fc_{nullptr}, proj_{nullptr};
+  Linear fc_{nullptr}, proj_{nullptr};
 };
 TORCH_MODULE(Mlp);
 
 // Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const config::ModelConfig& cfg)
+  BlockImpl(const config::ModelConfig& cfg, bool deferred)
       : dropout_(cfg.dropout),
         selective_(cfg.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
-    attn_norm_ = register_module("attn_norm", Norm(cfg.d_model, is_llama(cfg)));
-    attn_ = register_module("attn", Attention(cfg));
-    mlp_norm_ = register_module("mlp_norm", Norm(cfg.d_model, is_llama(cfg)));
-    mlp_ = register_module("mlp", Mlp(cfg));
+    attn_norm_ = register_module("attn_norm", Norm(cfg.d_model, is_llama(cfg), deferred));
+    attn_ = register_module("attn", Attention(cfg, deferred));
+    mlp_norm_ = register_module("mlp_norm", Norm(cfg.d_model, is_llama(cfg), deferred));
+    mlp_ = register_module("mlp", Mlp(cfg, deferred));
   }
   Tensor forward(Tensor x, const Tensor& cos, const Tensor& sin) {  // (B, T, C) -> (B, T, C)
     if (selective_ && is_training()) return forward_selective(x, cos, sin);
@@ -283,47 +280,45 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-TransformerImpl::TransformerImpl(const config::ModelConfig& cfg) : cfg_(cfg) {
+// normal(0, init_std) for weights; output projections of attention and MLP get
+// init_std / sqrt(2 L) so the residual stream's variance does not grow with depth; zeros for
+// biases, ones for norm gains. Only the weights draw random numbers.
+void initialize_parameter(const config::ModelConfig& cfg, const std::string& name,
+                          torch::Tensor value) {
+  torch::NoGradGuard no_grad;
+  const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
+  if (name.find("norm") != std::string::npos) {
+    ends_with(name, ".bias") ? value.zero_() : value.fill_(1.0);
+  } else if (ends_with(name, ".bias")) {
+    value.zero_();
+  } else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight")) {
+    value.normal_(0.0, out_std);
+  } else {
+    value.normal_(0.0, cfg.init_std);
+  }
+}
+
+TransformerImpl::TransformerImpl(const config::ModelConfig& cfg, Parameters parameters)
+    : cfg_(cfg) {
   check_shape_config(cfg_);
-  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(cfg_.vocab_size, cfg_.d_model));
+  const bool deferred = parameters == Parameters::kDeferred;
+  tok_emb_ = register_module("tok_emb", Embedding(cfg_.vocab_size, cfg_.d_model, deferred));
   if (!is_llama(cfg_)) {
-    pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg_.seq_len, cfg_.d_model));
+    pos_emb_ = register_module("pos_emb", Embedding(cfg_.seq_len, cfg_.d_model, deferred));
   } else {
     auto [cos, sin] = rope_tables(cfg_.seq_len, cfg_.d_model / cfg_.n_heads);
     rope_cos_ = register_buffer("rope_cos", cos);
     rope_sin_ = register_buffer("rope_sin", sin);
   }
   layers_ = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.n_layers; ++i) layers_->push_back(Block(cfg_));
-  final_norm_ = torch::nn::AnyModule(Norm(cfg_.d_model, is_llama(cfg_)));
+  for (int64_t i = 0; i < cfg_.n_layers; ++i) layers_->push_back(Block(cfg_, deferred));
+  final_norm_ = torch::nn::AnyModule(Norm(cfg_.d_model, is_llama(cfg_), deferred));
   register_module("final_norm", final_norm_.ptr());
-  if (!cfg_.tie_embeddings) {
-    lm_head_ = register_module(
-        "lm_head",
-        torch::nn::Linear(torch::nn::LinearOptions(cfg_.d_model, cfg_.vocab_size).bias(false)));
-  }
-  init_weights();
-}
-
-// normal(0, init_std) for weights; output projections of attention and MLP get
-// init_std / sqrt(2 L) so the residual stream's variance does not grow with depth; zeros for
-// biases, ones for norm gains.
-void TransformerImpl::init_weights() {
+  if (!cfg_.tie_embeddings)
+    lm_head_ = register_module("lm_head", Linear(cfg_.d_model, cfg_.vocab_size, false, deferred));
+  if (deferred) return;
   torch::NoGradGuard no_grad;
-  const double out_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers));
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    auto& p = item.value();
-    if (name.find("norm") != std::string::npos) {
-      ends_with(name, ".bias") ? p.zero_() : p.fill_(1.0);
-    } else if (ends_with(name, ".bias")) {
-      p.zero_();
-    } else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight")) {
-      p.normal_(0.0, out_std);
-    } else {
-      p.normal_(0.0, cfg_.init_std);
-    }
-  }
+  for (auto& item : named_parameters()) initialize_parameter(cfg_, item.key(), item.value());
 }
 
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/schema.h"
+#include "model/layers.h"
 #include "model/unit_gate.h"
 
 namespace keel::model {
@@ -31,9 +32,20 @@ struct KvCache {
   int64_t length = 0;               // positions cached
 };
 
+// The initial value of parameter `name` (fp32, its shape) of the model `cfg` describes, drawn from
+// the global generator. The model draws its parameters in named_parameters() order; norms and
+// biases draw nothing, so units initialized one by one in unit order (model/unit_gate.h) draw the
+// same numbers as the whole model.
+void initialize_parameter(const config::ModelConfig& cfg, const std::string& name,
+                          torch::Tensor value);
+
 class TransformerImpl : public torch::nn::Module {
  public:
-  explicit TransformerImpl(const config::ModelConfig& cfg);
+  // kInitialized: parameters allocated and initialized. kDeferred: parameters shaped but holding
+  // no memory (model/layers.h), to be given values before use (ZeRO-3 does so unit by unit).
+  enum class Parameters { kInitialized, kDeferred };
+  explicit TransformerImpl(const config::ModelConfig& cfg,
+                           Parameters parameters = Parameters::kInitialized);
 
   // tokens (B, T) int64 -> logits (B, T, V)
   torch::Tensor forward(const torch::Tensor& tokens);
@@ -74,19 +86,18 @@ class TransformerImpl : public torch::nn::Module {
     return gate_ ? gate_->leave(unit, output) : output;
   }
   int64_t head_unit() const { return cfg_.tie_embeddings ? 0 : cfg_.n_layers + 1; }
-  void init_weights();
   torch::Tensor hidden(const torch::Tensor& tokens);  // (B, T) -> (B, T, C) after the final norm
   const torch::Tensor& head_weight() const;           // (V, C): the head's, or the tied embedding
   LossOutput chunked_loss(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   config::ModelConfig cfg_;
   // members defined in the .cpp's private nested modules
-  torch::nn::Embedding tok_emb_{nullptr};
-  torch::nn::Embedding pos_emb_{nullptr};  // gpt2 only
+  Embedding tok_emb_{nullptr};
+  Embedding pos_emb_{nullptr};  // gpt2 only
   torch::nn::ModuleList layers_{nullptr};
   torch::nn::AnyModule final_norm_;
-  torch::nn::Linear lm_head_{nullptr};  // absent (nullptr) when tie_embeddings
-  torch::Tensor rope_cos_, rope_sin_;   // llama only, (T, D/2) buffers
+  Linear lm_head_{nullptr};            // absent (nullptr) when tie_embeddings
+  torch::Tensor rope_cos_, rope_sin_;  // llama only, (T, D/2) buffers
   UnitGate* gate_ = nullptr;
 };
 TORCH_MODULE(Transformer);

@@ -198,15 +198,38 @@ void Trainer::State::build() {
 
 // The model on its device, --init-from's weights, the gradient reducer, the optimizer and scaler.
 void Trainer::State::build_model() {
-  model = model::Transformer(cfg.model);
-  if (!options.init_from.empty()) {
-    const auto weights = checkpoint::read_hf_model(options.init_from, cfg.model);
+  // ZeRO-3 on several ranks builds the model with its parameters deferred and gives them their
+  // values unit by unit as it shards them, so no rank ever holds the whole model; --init-from
+  // reads the weights one tensor at a time, never a second copy of the model. Units initialized
+  // in order draw what the whole model draws (model::initialize_parameter).
+  const bool shard_weights = comm.is_process_group() && cfg.distributed.zero >= 3;
+  std::optional<checkpoint::HfModelReader> hf;
+  if (!options.init_from.empty()) hf.emplace(options.init_from, cfg.model);
+  const distributed::ShardedParameters::InitialValues initial_values = [&](const std::string& name,
+                                                                           torch::Tensor& value) {
+    if (hf)
+      value.copy_(hf->read(name));
+    else
+      model::initialize_parameter(cfg.model, name, value);
+  };
+  const bool deferred = shard_weights || hf;
+  model =
+      model::Transformer(cfg.model, deferred ? model::TransformerImpl::Parameters::kDeferred
+                                             : model::TransformerImpl::Parameters::kInitialized);
+  if (deferred && !shard_weights) {
     torch::NoGradGuard no_grad;
-    for (auto& item : model->named_parameters()) item.value().copy_(weights.at(item.key()));
+    for (auto& item : model->named_parameters()) {
+      torch::Tensor value = torch::empty(item.value().sizes());
+      initial_values(item.key(), value);
+      item.value().set_data(value);
+    }
+  }
+  if (hf)
     log::info("model", "initial weights from {} (--init-from){}", options.init_from,
               options.resume.requested() ? "; a checkpoint to resume from replaces them" : "");
-  }
-  model->to(device);  // parameters stay fp32: the master weights; autocast lowers the compute
+  // The parameters stay fp32: the master weights; autocast lowers the compute. ZeRO-3 puts each
+  // unit's part on the device itself; the buffers (rotary tables) follow below.
+  if (!shard_weights) model->to(device);
 
   for (auto& item : model->named_parameters()) {
     named_params.emplace_back(item.key(), item.value());
@@ -218,13 +241,15 @@ void Trainer::State::build_model() {
   // weights by unit and reduces each unit's gradients itself. On one process every level keeps
   // the whole optimizer state as ZeRO-1 does (the same checkpoint format).
   const bool zero = cfg.distributed.zero >= 1;
-  if (comm.is_process_group() && cfg.distributed.zero >= 3) {
+  if (shard_weights) {
     sharded = std::make_unique<distributed::ShardedParameters>(
         comm, named_params, model->parameter_units(), cfg.distributed.reduce_dtype,
         precision == optim::Precision::kBf16   ? torch::kBFloat16
         : precision == optim::Precision::kFp16 ? torch::kHalf
-                                               : torch::kFloat);
+                                               : torch::kFloat,
+        device, initial_values);
     model->set_unit_gate(sharded.get());
+    model->to(device);  // the buffers; the parameters are on it already
   } else if (comm.is_process_group() && (zero || cfg.distributed.overlap)) {
     reducer = std::make_unique<distributed::GradReducer>(
         comm, params, cfg.distributed.bucket_mb, zero, /*release_grads=*/cfg.distributed.zero >= 2);

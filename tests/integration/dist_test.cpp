@@ -316,6 +316,21 @@ TEST(DistIntegration, ZeroThreeResumesAsZeroOneThenWithoutZeroAtFewerRanks) {
   EXPECT_TRUE(std::filesystem::exists(hf.path() / "out" / "model.safetensors"));
   r = run_keel("sample " + step10.string() + " --prompt '1 2 3' --tokens 4 --seed 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // --init-from under ZeRO-3: each rank reads the Hugging Face tensors unit by unit as it shards
+  // them; 2 ranks start from the weights 1 rank starts from (trained ones: a lower first loss than
+  // a fresh model's) and train as it does.
+  ScratchDir from_one("dist_z3_init_one"), from_two("dist_z3_init_two");
+  const std::string init = " --init-from " + hf.str() + "/out";
+  r = run_keel(tiny_args(from_one, 16, 10) + init);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 2 -- " + tiny_args(from_two, 8, 10) + init +
+               " --set distributed.zero=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto init_one = losses(from_one), init_two = losses(from_two), fresh = losses(ref);
+  ASSERT_EQ(init_one.size(), init_two.size());
+  for (const auto& [step, loss] : init_one)
+    EXPECT_NEAR(init_two.at(step), loss, 1e-5 * loss) << "--init-from, step " << step;
+  EXPECT_LT(init_one.at(1), fresh.at(1) - 0.1);
 
   r = run_keel("launch --nproc 2 --grace 5 -- " + tiny_args(run, 8, 30) + record +
                " --set distributed.zero=1 --set 'faults=[{kind: crash, at_step: 25, rank: 1}]'"

@@ -17,6 +17,8 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/tensor_file.h"
+#include "checkpoint/weight_parts.h"
+#include "checkpoint/weight_reader.h"
 #include "common/error.h"
 #include "scratch_dir.h"
 
@@ -391,6 +393,50 @@ TEST_F(CheckpointerTest, MultiRankCommitsAfterEveryRankWrote) {
   // rank 0's optimizer, rank 3 of 4 reads rank 1's.
   expect_same(d0.optimizer, load_checkpoint(p, 0, 1).optimizer);
   expect_same(d1.optimizer, load_checkpoint(p, 3, 4).optimizer);
+}
+
+// The weights of a checkpoint read one parameter, or one range of it, at a time: from a whole
+// model.safetensors (bf16 read as fp32) or from two ranks' parts cut anywhere; a corrupt part is
+// refused before anything is read from it.
+TEST_F(CheckpointerTest, WeightReaderReadsRangesFromWholeWeightsOrParts) {
+  CheckpointData whole = make_data(3);
+  make()->save(1, whole);
+  const WeightReader plain(dir_ / "step_00000001");
+  EXPECT_EQ(plain.shapes().at("embed.weight"), (std::vector<int64_t>{100, 10}));
+  EXPECT_TRUE(torch::equal(plain.read("embed.weight"), whole.model.at("embed.weight")));
+  EXPECT_TRUE(
+      torch::equal(plain.read("norm.weight"), whole.model.at("norm.weight").to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(plain.read("embed.weight", 95, 20),
+                           whole.model.at("embed.weight").reshape({-1}).narrow(0, 95, 20)));
+
+  std::barrier sync_point(2);
+  auto barrier = [&] { sync_point.arrive_and_wait(); };
+  const fs::path parts_dir = root_ / "parts";
+  Checkpointer r0(parts_dir, {}, 0, 2, "0.1.0-test", "h", barrier);
+  Checkpointer r1(parts_dir, {}, 1, 2, "0.1.0-test", "h", barrier);
+  const torch::Tensor w = torch::randn({7, 9});
+  const torch::Tensor flat = w.reshape({-1});
+  CheckpointData d0 = make_data(1), d1 = make_data(2);
+  d0.model = {{piece_key("w", 0), flat.narrow(0, 0, 40).clone()},
+              {shape_key("w"), torch::tensor(w.sizes().vec(), torch::kInt64)}};
+  d1.model = {{piece_key("w", 40), flat.narrow(0, 40, 23).clone()}};
+  d0.model_in_parts = d1.model_in_parts = true;
+  std::thread t1([&] { r1.save(4, d1); });
+  r0.save(4, d0);
+  t1.join();
+  const fs::path step = parts_dir / "step_00000004";
+  const WeightReader parts(step);
+  EXPECT_EQ(parts.shapes().at("w"), (std::vector<int64_t>{7, 9}));
+  EXPECT_TRUE(torch::equal(parts.read("w"), w));
+  EXPECT_TRUE(torch::equal(parts.read("w", 35, 10), flat.narrow(0, 35, 10)));
+  EXPECT_THROW(parts.read("absent"), CheckpointError);
+  flip_byte(step / "model.rank1.safetensors", fs::file_size(step / "model.rank1.safetensors") - 3);
+  try {
+    WeightReader corrupt(step);
+    FAIL() << "a corrupt part was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.rank1.safetensors"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

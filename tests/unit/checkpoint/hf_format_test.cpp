@@ -8,12 +8,20 @@
 #include <fstream>
 #include <string>
 
+#include "checkpoint/tensor_file.h"
 #include "common/error.h"
 #include "model/transformer.h"
 #include "scratch_dir.h"
 
 namespace keel::checkpoint {
 namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 
 config::ModelConfig small(config::Arch arch) {
   config::ModelConfig m;
@@ -202,6 +210,57 @@ TEST(HfFormat, CheckHfConfigThrowsConfigErrorNamingTheKey) {
     EXPECT_NE(std::string(e.what()).find("model.n_heads 4 in the config"), std::string::npos);
   }
   EXPECT_THROW(check_hf_config(d / "absent", m), CheckpointError);
+}
+
+// The streamed paths give what the in-memory ones give: export written one HF tensor at a time
+// from the rows it needs has the bytes of write_safetensors(to_hf_tensors(...)), and a model
+// directory read one keel tensor at a time (here in bf16, as transformers often saves) gives
+// from_hf_tensors' tensors; a tensor the model has no place for is refused before any is read.
+TEST(HfFormat, StreamedExportAndReadMatchTheWholeConversions) {
+  keel::testing::ScratchDir d("hf_format_streamed");
+  for (const auto& f : flavours()) {
+    SCOPED_TRACE(f.name);
+    const auto keel = keel_weights(f.model);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, t] : keel) shapes[name] = t.sizes().vec();
+    std::map<std::string, int64_t> rows_read;
+    const KeelRows rows = [&](const std::string& name, int64_t first, int64_t n) {
+      rows_read[name] += n;
+      return keel.at(name).narrow(0, first, n).clone();
+    };
+    const fs::path dir = d / f.name;
+    fs::create_directories(dir);
+    write_hf_weights(dir / "model.safetensors", f.model, shapes, rows, "test");
+    const std::string streamed = slurp(dir / "model.safetensors");
+    EXPECT_EQ(streamed,
+              encode_safetensors(to_hf_tensors(keel, f.model, "test"), {{"format", "pt"}}));
+    for (const auto& [name, t] : keel) EXPECT_EQ(rows_read[name], t.size(0)) << name;
+
+    std::ofstream(dir / "config.json") << hf_config(f.model, {}).dump();
+    const HfModelReader reader(dir, f.model);
+    const auto whole = from_hf_tensors(to_hf_tensors(keel, f.model, "test"), f.model, "test");
+    ASSERT_EQ(reader.names().size(), whole.size());
+    for (const auto& name : reader.names())
+      EXPECT_TRUE(torch::equal(reader.read(name), whole.at(name)));
+
+    TensorMap bf16;
+    for (auto& [name, t] : to_hf_tensors(keel, f.model, "test"))
+      bf16[name] = t.to(torch::kBFloat16);
+    bf16["model.extra.weight"] = torch::zeros({2});
+    const fs::path other = d / (std::string(f.name) + "_bf16");
+    fs::create_directories(other);
+    std::ofstream(other / "config.json") << hf_config(f.model, {}).dump();
+    write_safetensors(other / "model.safetensors", bf16);
+    EXPECT_THROW(HfModelReader(other, f.model), CheckpointError);
+    fs::remove(other / "model.safetensors");
+    bf16.erase("model.extra.weight");
+    write_safetensors(other / "model.safetensors", bf16);
+    const HfModelReader low(other, f.model);
+    for (const auto& name : low.names())
+      EXPECT_TRUE(
+          torch::equal(low.read(name), whole.at(name).to(torch::kBFloat16).to(torch::kFloat)))
+          << name;
+  }
 }
 
 }  // namespace

@@ -115,6 +115,43 @@ TEST_F(SafetensorsTest, RoundTripEachDtypeIsBitExact) {
   EXPECT_EQ(encode_safetensors(in, {{"format", "pt"}, {"note", "ünïcödé"}}), on_disk);
 }
 
+// Written tensor by tensor from declared names, dtypes and shapes, a file has the bytes
+// write_safetensors gives it; each tensor is asked for once, in the file's order; any range of a
+// tensor reads back alone; a tensor produced with another shape than declared is refused.
+TEST_F(SafetensorsTest, StreamedWriterWritesTheSameBytesAndPartsReadBackAlone) {
+  TensorMap in = {{"w", random_bits(torch::kFloat32, {4, 6}, 1)},
+                  {"b", random_bits(torch::kBFloat16, {5}, 2)},
+                  {"i", random_bits(torch::kInt64, {3}, 3)},
+                  {"e", random_bits(torch::kFloat32, {0}, 4)}};
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : in) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  std::vector<std::string> asked;
+  const fs::path p = dir_ / "streamed.safetensors";
+  const FileDigest d = write_safetensors_streamed(p, specs,
+                                                  [&](const std::string& name) {
+                                                    asked.push_back(name);
+                                                    return in.at(name);
+                                                  },
+                                                  {{"format", "pt"}});
+  std::ifstream f(p, std::ios::binary);
+  std::string on_disk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(on_disk, encode_safetensors(in, {{"format", "pt"}}));
+  EXPECT_EQ(d.xxh3, hash_file(p).xxh3);
+  EXPECT_EQ(asked, (std::vector<std::string>{"i", "e", "w", "b"}));  // by width, then name
+
+  const SafetensorsHeader h = read_safetensors_header(p);
+  for (const auto& e : h.tensors) {
+    if (e.name != "w") continue;
+    EXPECT_TRUE(torch::equal(read_safetensors_elements(p, h, e, 7, 10),
+                             in.at("w").reshape({-1}).narrow(0, 7, 10)));
+    EXPECT_THROW(read_safetensors_elements(p, h, e, 20, 5), CheckpointError);
+  }
+  specs[0].shape = {2};
+  EXPECT_THROW(write_safetensors_streamed(dir_ / "bad.safetensors", specs,
+                                          [&](const std::string& name) { return in.at(name); }),
+               std::logic_error);
+}
+
 TEST_F(SafetensorsTest, WriterMatchesPythonByteLayout) {
   TensorMap in = {{"a", torch::tensor({1.0f, 2.0f})}, {"b", torch::tensor({int64_t{7}})}};
   EXPECT_EQ(encode_safetensors(in, {{"format", "pt"}}), python_reference_bytes());

@@ -72,7 +72,8 @@ void expect_sharded_grads_match(Mode mode, bool tied, int world) {
       model::Transformer& m = models[r];
       std::vector<std::pair<std::string, Tensor>> named;
       for (auto& item : m->named_parameters()) named.emplace_back(item.key(), item.value());
-      ShardedParameters sharded(comm, named, m->parameter_units(), config::ReduceDtype::kFp32);
+      ShardedParameters sharded(comm, named, m->parameter_units(), config::ReduceDtype::kFp32,
+                                torch::kFloat, torch::kCPU);
       m->set_unit_gate(&sharded);
       const int64_t rows = 4 / world;  // this rank's share of the batch
       sharded.arm(/*accumulate=*/false);
@@ -149,7 +150,7 @@ TEST(ShardedParameters, Bf16GathersTheWeightsInTheComputeDtype) {
       std::vector<std::pair<std::string, Tensor>> named;
       for (auto& item : m->named_parameters()) named.emplace_back(item.key(), item.value());
       ShardedParameters sharded(comm, named, m->parameter_units(), config::ReduceDtype::kFp32,
-                                torch::kBFloat16);
+                                torch::kBFloat16, torch::kCPU);
       m->set_unit_gate(&sharded);
       seen[r] = named[0].second.scalar_type();
       sharded.arm(/*accumulate=*/false);
@@ -183,6 +184,89 @@ TEST(ShardedParameters, Bf16GathersTheWeightsInTheComputeDtype) {
   const double cosine = (a.dot(b) / (a.norm() * b.norm())).item<double>();
   EXPECT_GT(cosine, 0.999);
   EXPECT_NEAR(a.norm().item<double>() / b.norm().item<double>(), 1.0, 0.02);
+}
+
+// A model built with its parameters deferred holds no memory for them; ZeRO-3 asks for their
+// values unit by unit, in unit order, and ends with the parts of the model those values make:
+// each rank's weights are its slice of the whole model, and the forward pass computes what the
+// whole model computes.
+TEST(ShardedParameters, DeferredParametersGetTheirValuesUnitByUnit) {
+  const auto c = small(Mode::kNone, /*tied=*/false);
+  torch::manual_seed(9);
+  model::Transformer reference(c);
+  std::map<std::string, Tensor> values;
+  for (const auto& item : reference->named_parameters()) values[item.key()] = item.value();
+  const Tensor inputs = torch::randint(c.vocab_size, {2, c.seq_len}, torch::kLong);
+  Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    reference->eval();
+    expected = reference->forward(inputs);
+  }
+  const int world = 2;
+  ThreadWorld shared(world);
+  std::vector<std::vector<std::string>> asked(world);
+  std::vector<Tensor> logits(world);
+  std::vector<int64_t> bytes_before(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ThreadComm comm(&shared, r, world);
+      model::Transformer m(c, model::TransformerImpl::Parameters::kDeferred);
+      std::vector<std::pair<std::string, Tensor>> named;
+      for (auto& item : m->named_parameters()) {
+        named.emplace_back(item.key(), item.value());
+        bytes_before[r] += static_cast<int64_t>(item.value().storage().nbytes());
+      }
+      ShardedParameters sharded(comm, named, m->parameter_units(), config::ReduceDtype::kFp32,
+                                torch::kFloat, torch::kCPU,
+                                [&, r](const std::string& name, Tensor& value) {
+                                  asked[r].push_back(name);
+                                  value.copy_(values.at(name));
+                                });
+      m->set_unit_gate(&sharded);
+      for (const auto& piece : sharded.owned_pieces()) {
+        const Tensor whole = values.at(sharded.name_of(piece.param)).reshape({-1});
+        EXPECT_TRUE(torch::equal(sharded.owned_weights(piece),
+                                 whole.narrow(0, piece.begin, piece.numel())));
+      }
+      torch::NoGradGuard no_grad;
+      m->eval();
+      logits[r] = m->forward(inputs);
+      m->set_unit_gate(nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::string> unit_order;
+  for (const auto& names : reference->parameter_units().names)
+    unit_order.insert(unit_order.end(), names.begin(), names.end());
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(bytes_before[r], 0) << "rank " << r;
+    EXPECT_EQ(asked[r], unit_order) << "rank " << r;
+    EXPECT_TRUE(torch::allclose(logits[r], expected, 1e-5, 1e-6)) << "rank " << r;
+  }
+}
+
+// Initialized unit by unit in unit order, a deferred model draws the numbers the whole model
+// draws: its weights do not depend on whether ZeRO-3 built it, tied embeddings or not.
+TEST(ShardedParameters, UnitByUnitInitializationDrawsWhatTheWholeModelDraws) {
+  for (bool tied : {false, true}) {
+    auto c = small(Mode::kNone, tied);
+    c.arch = config::Arch::kGpt2;  // biases and LayerNorm too
+    torch::manual_seed(11);
+    model::Transformer whole(c);
+    model::Transformer deferred(c, model::TransformerImpl::Parameters::kDeferred);
+    auto params = deferred->named_parameters();
+    torch::manual_seed(11);
+    for (const auto& names : deferred->parameter_units().names) {
+      for (const auto& name : names) {
+        EXPECT_FALSE(model::holds_memory(params[name])) << name;
+        Tensor value = torch::empty(params[name].sizes());
+        model::initialize_parameter(c, name, value);
+        EXPECT_TRUE(torch::equal(value, whole->named_parameters()[name])) << name << " " << tied;
+      }
+    }
+  }
 }
 
 }  // namespace
