@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything keel builds against, idempotently:
 #   - Debian packages (compiler toolchain, yaml-cpp, CLI11, spdlog/fmt, GoogleTest, nlohmann-json,
-#     xxHash, SentencePiece, zstd, ccache, fortunes corpus);
+#     xxHash, SentencePiece, zstd, ccache, fortunes corpus; Slurm and munge, whose daemons
+#     tests/integration/slurm_test.cpp starts as a one-node cluster);
 #   - LibTorch from the pinned `torch` wheel into a per-user cache shared by every clone
 #     ($KEEL_CACHE, default ~/.cache/keel), so a fresh clone never downloads it again.
 # Prints the LibTorch CMake prefix on its last line. A second run with everything present takes seconds.
@@ -23,6 +24,7 @@ DEB_PACKAGES=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev zstd fortunes
   clang-format chromium-headless-shell
+  slurmd slurmctld slurm-client munge
 )
 
 log() { echo "[setup] $*" >&2; }

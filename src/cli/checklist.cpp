@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
+#include "common/error.h"
+#include "data/shard_reader.h"
 
 namespace keel::cli {
 namespace {
@@ -89,6 +91,58 @@ void check_optimizer(const config::Config& cfg, std::vector<ChecklistItem>& out)
   }
 }
 
+// "config locked": whether the stability keys can be overridden from the command line.
+ChecklistItem check_lock(const config::Config& cfg) {
+  const auto& p = cfg.production;
+  if (p.locked)
+    return {"config locked", Status::kOk,
+            fmt::format("production.locked: --set cannot override {} pattern(s) of stability keys "
+                        "({}{}) and faults are refused",
+                        p.locked_keys.size(), p.locked_keys.empty() ? "" : p.locked_keys[0],
+                        p.locked_keys.size() > 1 ? ", ..." : "")};
+  return {"config locked", Status::kOff,
+          "production.locked is false: any key can be overridden with --set (lock a production "
+          "config)"};
+}
+
+// "data verified": meta.json lists a checksum for every shard and the index, every file is there
+// at the size meta.json implies, and prepare's report is there. Reading the checksums' bytes is
+// the loader's job (it checks each file as it opens it); validate stays cheap on a large corpus.
+ChecklistItem check_verified(const config::Config& cfg, const nlohmann::json& report) {
+  if (cfg.data.source != config::DataSource::kShards)
+    return {"data verified", Status::kNotApplicable, "synthetic data: generated, not read"};
+  try {
+    const data::DatasetMeta meta = data::read_meta(cfg.data.path);  // refuses a missing xxh3
+    int64_t shards = 0, tokens = 0;
+    for (const auto& [name, split] : meta.splits) {
+      for (const auto& shard : split.shards) {
+        const fs::path file = fs::path(cfg.data.path) / shard.file;
+        const auto want = static_cast<uintmax_t>(64 + shard.tokens * meta.token_bytes);
+        std::error_code ec;
+        const uintmax_t size = fs::file_size(file, ec);
+        if (ec || size != want)
+          return {"data verified", Status::kWarn,
+                  fmt::format("{}: {} bytes, meta.json implies {}{}", file.string(), ec ? 0 : size,
+                              want, ec ? " (missing)" : " (truncated or replaced)")};
+        ++shards;
+        tokens += shard.tokens;
+      }
+      std::error_code ec;
+      if (!fs::exists(fs::path(cfg.data.path) / split.index_file, ec))
+        return {"data verified", Status::kWarn,
+                (fs::path(cfg.data.path) / split.index_file).string() + ": missing"};
+    }
+    return {"data verified", report.is_null() ? Status::kWarn : Status::kOk,
+            fmt::format("{}: meta.json lists an xxh3 for each of {} shard(s) ({:.1f}M tokens) and "
+                        "the index; every file is there at its size; {}",
+                        cfg.data.path, shards, tokens / 1e6,
+                        report.is_null() ? "no report.json: what prepare removed is unknown"
+                                         : "prepare's report.json is there")};
+  } catch (const std::exception& e) {
+    return {"data verified", Status::kWarn, e.what()};
+  }
+}
+
 // The data's items: dedup, out-of-distribution filtering, cross-cluster sampling, backpressure.
 void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
   auto add = [&](std::string item, Status status, std::string what) {
@@ -140,11 +194,18 @@ void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
                     "cluster (gradient variance)",
                     config::name_of(cfg.data.sampling), cfg.data.min_clusters_per_batch));
 
-  add("backpressure", Status::kOk,
-      fmt::format("training waits below {} ready batches (refills to {}), never pads or repeats; "
-                  "stops after {} s without a batch; consumed-vs-steps cross-check at {:.0f} %",
-                  cfg.data.loader.low_watermark, cfg.data.loader.high_watermark,
-                  cfg.data.loader.stall_timeout_s, cfg.data.consumed_tolerance * 100));
+  out.push_back(check_verified(cfg, report));
+  if (!shards)
+    add("backpressure", Status::kNotApplicable,
+        "synthetic data is made as it is needed: there is no source to wait for");
+  else
+    add("backpressure", Status::kOk,
+        fmt::format("{} loader worker(s) read {}; training waits below {} ready batches (refills "
+                    "to {}), never pads or repeats; stops after {} s without a batch; "
+                    "consumed-vs-steps cross-check at {:.0f} %",
+                    cfg.data.loader.workers, cfg.data.path, cfg.data.loader.low_watermark,
+                    cfg.data.loader.high_watermark, cfg.data.loader.stall_timeout_s,
+                    cfg.data.consumed_tolerance * 100));
 }
 
 // The schedule's and the defences' items: warmup, lr decay, the alarm, checkpoints, snapshots.
@@ -201,11 +262,20 @@ void check_schedule_and_recovery(const config::Config& cfg, int64_t parameters,
 
 }  // namespace
 
-std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters) {
+std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters,
+                                          const Rehearsal* rehearsal) {
   std::vector<ChecklistItem> out;
+  out.push_back(check_lock(cfg));
   check_optimizer(cfg, out);
   check_data(cfg, out);
   check_schedule_and_recovery(cfg, parameters, out);
+  if (rehearsal)
+    out.push_back(
+        {"rollback rehearsed", rehearsal->passed ? Status::kOk : Status::kWarn, rehearsal->what});
+  else
+    out.push_back({"rollback rehearsed", Status::kNotApplicable,
+                   "not run here: `keel validate --rehearse` runs this config's model with a bad "
+                   "batch and an lr spike and reports pause -> rollback -> recovery"});
   return out;
 }
 

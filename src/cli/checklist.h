@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/rehearse.h"
 #include "config/schema.h"
 
 namespace keel::cli {
@@ -18,8 +19,10 @@ struct ChecklistItem {
   std::string what;  // what this config does, with the keys that decide it
 };
 
-// `parameters`: the model's parameter count (for the warmup advice).
-std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters);
+// `parameters`: the model's parameter count (for the warmup advice); `rehearsal`: what
+// `keel validate --rehearse` found, when it ran.
+std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t parameters,
+                                          const Rehearsal* rehearsal = nullptr);
 
 // "checklist: [ok]   optimizer: ..." lines.
 std::string format_checklist(const std::vector<ChecklistItem>& items);

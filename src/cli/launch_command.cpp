@@ -3,10 +3,12 @@
 // MASTER_ADDR=127.0.0.1, MASTER_PORT), each rank's output line by line with a "[rank R] " prefix.
 // SIGTERM/SIGINT go to every rank (each checkpoints and exits); when a rank fails, the others are
 // told to stop (SIGTERM, then SIGKILL after a grace period) and the launcher exits with the first
-// failure's code, naming that rank.
+// failure's code, naming that rank. A launcher that dies without a word (SIGKILL) takes its ranks
+// with it: each gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,9 +85,16 @@ Rank start_rank(int r, int nproc, int port, const std::string& threads,
                 const std::vector<std::string>& args) {
   int fds[2];
   if (::pipe(fds) != 0) throw UserError(std::string("keel launch: pipe: ") + std::strerror(errno));
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw UserError(std::string("keel launch: fork: ") + std::strerror(errno));
   if (pid == 0) {
+    // A rank dies with its launcher (SIGKILL, the OOM killer): SIGTERM from the kernel, instead
+    // of training on as an orphan until a collective times out. It ends at once, or at the next
+    // line it logs (its output pipe has no reader left: SIGPIPE); a checkpoint is not promised.
+    // The setting survives exec.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(128 + SIGTERM);  // it died before prctl took effect
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
     ::close(fds[0]);
@@ -190,6 +199,10 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
       signal_all(sig);  // each rank finishes its step, checkpoints and exits
     }
     if (std::chrono::steady_clock::now() > kill_at) {
+      for (int r = 0; r < nproc; ++r)
+        if (!ranks[r].exit_code)
+          std::cerr << "keel launch: rank " << r << " did not stop within " << grace_s
+                    << " s of SIGTERM (hung?): killing it\n";
       signal_all(SIGKILL);
       kill_at = std::chrono::steady_clock::time_point::max();
     }
@@ -240,7 +253,10 @@ void check_launch_separator(int argc, const char* const* argv) {
 void register_launch(CLI::App& app, int& exit_code) {
   auto nproc = std::make_shared<int>(2);
   auto port = std::make_shared<int>(0);
-  auto grace = std::make_shared<double>(30.0);
+  // Once a rank has failed the others cannot checkpoint together (a checkpoint's barrier needs
+  // every rank), so they get a moment to report and exit, not a long wait: a hung rank that
+  // ignores SIGTERM is killed two seconds after the first failure.
+  auto grace = std::make_shared<double>(2.0);
   auto args = std::make_shared<std::vector<std::string>>();
   auto* sub = app.add_subcommand(
       "launch", "run N local ranks of a keel command over c10d (Gloo on CPU, NCCL on CUDA)");

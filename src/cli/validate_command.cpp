@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <optional>
 
 #include "cli/checklist.h"
 #include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
+#include "cli/rehearse.h"
 #include "cli/resume_plan.h"
 #include "model/memory_plan.h"
 #include "train/trainer.h"
@@ -49,6 +51,7 @@ struct ValidateFlags {
   double step_time = 0.0;
   bool no_probe = false;
   bool no_disk_check = false;
+  bool rehearse = false;
   double device_memory = 0.0;
 };
 
@@ -93,11 +96,19 @@ int run_validate(const ValidateFlags& f) {
     print_diagnostics({d});
   }
   report << format_memory_plan(plan, cfg);
-  report << format_checklist(walk_checklist(cfg, config::parameter_count(cfg.model)));
+  std::optional<Rehearsal> rehearsal;
+  if (f.rehearse) rehearsal = rehearse(cfg);
+  report << format_checklist(
+      walk_checklist(cfg, config::parameter_count(cfg.model), rehearsal ? &*rehearsal : nullptr));
   // An existing run: what each --resume would do there.
   const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
   report << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
-  report << (f.args.path.empty() ? kEmbeddedConfigName : f.args.path) << ": valid\n";
+  const std::string name = f.args.path.empty() ? kEmbeddedConfigName : f.args.path;
+  if (rehearsal && !rehearsal->passed) {
+    std::cerr << name << ": valid, but the rehearsal failed (rollback rehearsed, above)\n";
+    return 1;
+  }
+  report << name << ": valid\n";
   return 0;
 }
 
@@ -124,6 +135,10 @@ void register_validate(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-disk-check", f->no_disk_check,
                 "skip the checks of this machine's checkpoint directory (writable, free space): "
                 "for a config planned here and run elsewhere");
+  sub->add_flag("--rehearse", f->rehearse,
+                "rehearse a rollback: a short run of this config's model and data on this "
+                "machine with a bad batch and an lr spike injected; exit 1 unless it pauses, "
+                "rolls back and recovers");
   sub->footer(
       "Where the config's run directory exists, it also says what each --resume would load there.\n"
       "\n"

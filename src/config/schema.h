@@ -95,10 +95,11 @@ enum class FaultKind {
   kLoaderStall,
   kDropSamples,
   kCrash,
-  kSpliceData
+  kSpliceData,
+  kHang
 };
 KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
-            "crash", "splice_data");
+            "crash", "splice_data", "hang");
 enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
 KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
 #undef KEEL_CHOICE
@@ -335,9 +336,9 @@ struct FaultSpec {
   int64_t steps = 1;
   CorruptMode mode = CorruptMode::kRandomTokens;  // corrupt_batch
   double factor = 1.0;                            // lr_spike multiplier, drop_samples fraction
-  double seconds = 0.0;                           // loader_stall duration
-  std::string path;   // splice_data: a prepared dataset whose windows replace the data
-  int64_t rank = -1;  // only this rank is hit (-1: every rank)
+  double seconds = 0.0;  // loader_stall duration; hang: how long (0: until killed)
+  std::string path;      // splice_data: a prepared dataset whose windows replace the data
+  int64_t rank = -1;     // only this rank is hit (-1: every rank)
   bool operator==(const FaultSpec&) const = default;
 };
 

@@ -282,7 +282,8 @@ void ShardLoader::load_state(const nlohmann::json& s) {
     if (s.at("epoch_length").get<int64_t>() != order_->epoch_length())
       fail("saved with an epoch of " + s.at("epoch_length").dump() +
            " samples, the data now gives " + std::to_string(order_->epoch_length()) +
-           " (the dataset changed)");
+           " (the dataset changed, or keel's sample order did: checkpoints from before "
+           "2026-12-05 were written under an order that depended on the micro-batch size)");
     Cursor c;
     c.micro_batches = s.at("micro_batches").get<int64_t>();
     c.chunk = s.at("chunk").get<int64_t>();

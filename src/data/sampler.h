@@ -1,17 +1,18 @@
 // The data order: which training window sits at each global position. Positions run across epochs
 // (position g is index g % E of epoch g / E, E = epoch_length()), and every epoch's order is a pure
-// function of (sampler, seed, epoch), so a position is all the state a resumed run needs.
+// function of (sampler, seed, epoch), so a position is all the state a resumed run needs. The order
+// depends on neither the micro-batch size nor the world size: a run resumed at another layout with
+// the same global batch trains on exactly the samples the uninterrupted run would have.
 //
 //   sequential  windows in stream order
 //   random      a seeded permutation per epoch
 //   stratified  windows grouped by bucket (their first document's cluster id mod `buckets`),
-//               shuffled within each bucket; every aligned chunk of `micro_batch` positions — one
-//               rank's micro-batch — takes one window from each of the min(min_clusters,
-//               micro_batch) fullest buckets, then fills up from the fullest buckets overall, so
-//               the constraint holds and the mix stays balanced to the end of the epoch. Windows
-//               the constraint cannot place (when one bucket dominates) wait for a later epoch.
-// E is a multiple of micro_batch, so a micro-batch never straddles two epochs; the < micro_batch
-// windows left over each epoch differ from epoch to epoch.
+//               shuffled within each bucket; each position takes the fullest bucket that none of
+//               the previous m - 1 positions took (m = min(min_clusters, non-empty buckets)), so
+//               any m consecutive positions of an epoch — and with them every micro-batch of at
+//               least m samples, wherever it starts — span m clusters, and the mix stays balanced
+//               to the end of the epoch. Windows the constraint cannot place (when one bucket
+//               dominates) wait for a later epoch. Only the seam between two epochs is exempt.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,7 @@ namespace keel::data {
 struct SamplerConfig {
   config::Sampling kind = config::Sampling::kStratified;
   uint64_t seed = 1234;
-  int64_t micro_batch = 8;
+  int64_t micro_batch = 8;  // the loader's; the order does not depend on it
   int64_t buckets = 16;
   int64_t min_clusters = 2;
 };

@@ -13,6 +13,9 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -162,13 +165,59 @@ class ProcessGroupComm final : public Communicator {
     try {
       work->wait(timeout_);
     } catch (const std::exception& e) {
+      const std::string silent = failed_ ? std::string() : silent_ranks();
       failed_ = true;
       throw DistError(std::string(what) + " across " + std::to_string(world_) +
-                      " ranks failed on rank " + std::to_string(rank_) +
-                      " (another rank may have died; distributed.timeout_s = " +
-                      std::to_string(timeout_.count() / 1000) + "): " + e.what());
+                      " ranks failed on rank " + std::to_string(rank_) + " (" +
+                      (silent.empty() ? std::string("another rank may have died") : silent) +
+                      "; distributed.timeout_s = " + std::to_string(timeout_.count() / 1000) +
+                      "): " + e.what());
     }
   }
+
+  // Who stopped answering, for the message of the first failed collective. Each rank whose
+  // collective fails says so in the store and gives the others kWordWait to say the same: when
+  // one hangs, the others' collectives fail within moments of each other, so the ranks that say
+  // nothing are the hung, stopped or dead ones, and are named. A store that does not answer (it
+  // lives on rank 0) bounds the wait too. Empty when every rank spoke.
+  std::string silent_ranks() const {
+    using namespace std::chrono_literals;
+    auto result = std::make_shared<std::promise<std::string>>();
+    auto answer = result->get_future();
+    std::thread([store = store_, rank = rank_, world = world_, result] {
+      try {
+        store->set("failed/" + std::to_string(rank), std::vector<uint8_t>{1});
+        std::vector<int> silent;
+        const auto deadline = std::chrono::steady_clock::now() + kWordWait;
+        do {
+          silent.clear();
+          for (int r = 0; r < world; ++r)
+            if (r != rank && !store->check({"failed/" + std::to_string(r)})) silent.push_back(r);
+          if (!silent.empty()) std::this_thread::sleep_for(100ms);
+        } while (!silent.empty() && std::chrono::steady_clock::now() < deadline);
+        result->set_value(describe_silent(silent));
+      } catch (const std::exception&) {
+        result->set_value(rank == 0 ? std::string()
+                                    : describe_silent({0}) + " (its store is gone)");
+      }
+    }).detach();  // it may be stuck on a store that never answers; the process is ending anyway
+    if (answer.wait_for(kWordWait + 1s) != std::future_status::ready)
+      return rank_ == 0 ? std::string()
+                        : describe_silent({0}) + " (the rendezvous store it hosts does not answer)";
+    return answer.get();
+  }
+
+  static std::string describe_silent(const std::vector<int>& silent) {
+    if (silent.empty()) return {};
+    std::string names;
+    const size_t shown = std::min<size_t>(silent.size(), 8);
+    for (size_t i = 0; i < shown; ++i) names += (i ? ", " : "") + std::to_string(silent[i]);
+    if (silent.size() > shown) names += " and " + std::to_string(silent.size() - shown) + " more";
+    return (silent.size() == 1 ? "rank " : "ranks ") + names +
+           " stopped answering (no word within 1 s of this rank's failure): hung, stopped or dead";
+  }
+
+  static constexpr std::chrono::seconds kWordWait{1};
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> pg_;
@@ -298,7 +347,7 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
   log::info("dist", "rank {} of {} ({} from {}), {} over {}:{}", env.rank, env.world_size,
             env.local_rank, env.launcher, config::name_of(backend), env.master_addr,
             env.master_port);
-  return std::make_unique<ProcessGroupComm>(store, pg, env.rank, env.world_size, timeout);
+  return std::make_unique<ProcessGroupComm>(prefixed, pg, env.rank, env.world_size, timeout);
 }
 
 }  // namespace keel::distributed

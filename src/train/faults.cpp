@@ -1,8 +1,10 @@
 #include "train/faults.h"
 
 #include <unistd.h>
+#include <chrono>
 #include <csignal>
 #include <limits>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -83,6 +85,16 @@ void FaultInjector::after_backward(int64_t iteration,
     if (f.kind == config::FaultKind::kCrash && iteration == f.at_step) {
       log::warn("faults", "crash fault at iteration {}: killing the process", iteration);
       ::kill(::getpid(), SIGKILL);
+    }
+    if (f.kind == config::FaultKind::kHang && iteration == f.at_step) {
+      // Alive but silent, as a rank stuck in a kernel or a stopped process: no collective, no
+      // answer to SIGTERM (its handler only sets a flag); SIGKILL ends it.
+      log::warn("faults", "hang fault at iteration {}: this rank stops answering{}", iteration,
+                f.seconds > 0 ? fmt::format(" for {} s", f.seconds) : std::string());
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(f.seconds * 1000));
+      while (f.seconds <= 0 || std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (f.kind == config::FaultKind::kNanGrad && active(f, iteration)) {
       for (const auto& p : params)

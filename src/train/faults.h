@@ -6,10 +6,10 @@
 //   splice_data    the same positions, but their windows are replaced by real text: consecutive
 //                  windows of the dataset at `path` (prepared by `keel prepare`, so whatever its
 //                  filters let through), as if a stretch of junk documents sat in the data order.
-//   nan_grad, lr_spike, crash
+//   nan_grad, lr_spike, crash, hang
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
-//                  them.
+//                  them. hang: the rank stays alive and stops answering (`seconds`, 0: forever).
 //   loader_stall, drop_samples live in the data loader.
 #pragma once
 
@@ -40,7 +40,8 @@ class FaultInjector {
   bool corrupt(data::Batch& batch, int64_t position);
   double lr_multiplier(int64_t iteration) const;
   // The step's one fault hook, after the backward pass of `iteration`: a crash kills the process
-  // (SIGKILL, as an OOM killer or a node failure would); a nan_grad poisons the first gradient.
+  // (SIGKILL, as an OOM killer or a node failure would); a hang stops answering; a nan_grad
+  // poisons the first gradient.
   void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params) const;
   // after_backward changes the gradients of `iteration` (so they must not be all-reduced before
   // it runs).

@@ -35,7 +35,8 @@ nlohmann::json data_statistics(const std::vector<double>& kept_losses,
   if (!losses.empty()) {
     const double mean = std::accumulate(losses.begin(), losses.end(), 0.0) / losses.size();
     const double max = *std::max_element(losses.begin(), losses.end());
-    out["sample_loss"] = {{"mean", mean},
+    out["sample_loss"] = {{"n", losses.size()},
+                          {"mean", mean},
                           {"p50", quantile(losses, 0.5)},
                           {"p99", quantile(losses, 0.99)},
                           {"max", max}};
@@ -43,7 +44,11 @@ nlohmann::json data_statistics(const std::vector<double>& kept_losses,
   if (!doc_lengths.empty()) {
     std::vector<double> v(doc_lengths.begin(), doc_lengths.end());
     const double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-    out["doc_len"] = {{"mean", mean}, {"p95", quantile(v, 0.95)}};
+    out["doc_len"] = {{"mean", mean},
+                      {"p50", quantile(v, 0.5)},
+                      {"p95", quantile(v, 0.95)},
+                      {"p99", quantile(v, 0.99)},
+                      {"max", *std::max_element(v.begin(), v.end())}};
   }
   if (!buckets.empty()) {
     std::map<int64_t, int64_t> mix;
@@ -91,6 +96,11 @@ void StepRecord::write(const StepFigures& f) {
     for (const auto& [key, value] : f.data_statistics.items()) rec.add(key, value);
     if (f.in_recovery) rec.add("recovery", true);
   }
+  if (!f.attention_output_std.empty()) {
+    nlohmann::json per_layer = nlohmann::json::object();
+    for (const auto& [name, std] : f.attention_output_std) per_layer[name] = std;
+    rec.add("attn_out_std", per_layer);
+  }
   files_->write_metrics(f.step, rec);
 
   monitor::ProgressSample ps;
@@ -126,9 +136,10 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
   data::LoaderStats loader = train_data->take_stats();
   std::vector<guard::GuardEvent> periodic;
+  const std::vector<double> attention = model->attention_output_std();
   if (guard) {
     const auto start = Clock::now();
-    periodic = guard->observe_periodic(counters.step, layer_ratios, model->attention_output_std());
+    periodic = guard->observe_periodic(counters.step, layer_ratios, attention);
     window.guard_s += seconds_since(start);
   }
   if (loader.waits > 0)
@@ -155,15 +166,26 @@ void Trainer::State::record_step(const StepResult& r, double lr,
     for (size_t i = 0; i < last_layer_grad_norms.size() && i < names.size(); ++i)
       f.layer_grad_norms.emplace_back(names[i], last_layer_grad_norms[i]);
     f.screen_threshold = r.screen_threshold;
-    std::vector<double> kept;
-    for (size_t i = 0; i < host_samples.losses.size(); ++i)
-      if (host_samples.kept[i]) kept.push_back(host_samples.losses[i]);
-    f.data_statistics =
-        data_statistics(kept, to_vector(step_samples.doc_lengths), to_vector(step_samples.buckets));
+    f.data_statistics = data_statistics(window.kept_losses, window.doc_lengths, window.buckets);
     f.in_recovery = guard->in_recovery(counters.step);
   }
+  const auto prefixes = model->layer_prefixes();
+  for (size_t i = 0; i < attention.size() && i < prefixes.size(); ++i)
+    f.attention_output_std.emplace_back(prefixes[i].substr(0, prefixes[i].size() - 1),
+                                        attention[i]);
   step_record->write(f);
   for (const auto& e : periodic) event(e);
+}
+
+// The applied step's kept samples join the logging window's data statistics.
+void Trainer::State::note_samples() {
+  LogWindow& w = step_record->window();
+  for (size_t i = 0; i < host_samples.losses.size(); ++i)
+    if (host_samples.kept[i]) w.kept_losses.push_back(host_samples.losses[i]);
+  const auto lengths = to_vector(step_samples.doc_lengths);
+  const auto buckets = to_vector(step_samples.buckets);
+  w.doc_lengths.insert(w.doc_lengths.end(), lengths.begin(), lengths.end());
+  w.buckets.insert(w.buckets.end(), buckets.begin(), buckets.end());
 }
 
 // The samples the loader took from the data order must match what the trainer asked for: a

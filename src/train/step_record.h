@@ -31,6 +31,10 @@ struct LogWindow {
   int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
   int64_t skipped = 0;   // step attempts that applied nothing
   int64_t masked = 0;    // samples the screen masked
+  // The applied steps' kept samples (guard on): their losses, the lengths of the documents their
+  // windows start in and their buckets, for the window's data statistics.
+  std::vector<double> kept_losses;
+  std::vector<int64_t> doc_lengths, buckets;
   Clock::time_point start = Clock::now();
 };
 
@@ -51,11 +55,14 @@ struct StepFigures {
   std::optional<double> screen_threshold;
   nlohmann::json data_statistics = nlohmann::json::object();
   bool in_recovery = false;
+  // The std of each layer's attention output in this step's forward pass ("layers.0", ...).
+  std::vector<std::pair<std::string, double>> attention_output_std;
 };
 
-// The seed's data statistics for one step: the kept samples' loss distribution (mean, p50, p99,
-// max), the lengths of the documents its windows start in (mean, p95; shards) and its bucket
-// (cluster) mix. Each part is left out when its input is empty.
+// The seed's data statistics over a logging window's applied steps: the kept samples' loss
+// distribution (n, mean, p50, p99, max), the lengths of the documents their windows start in
+// (mean, p50, p95, p99, max; shards) and their bucket (cluster) mix. Each part is left out when
+// its input is empty.
 nlohmann::json data_statistics(const std::vector<double>& kept_losses,
                                const std::vector<int64_t>& doc_lengths,
                                const std::vector<int64_t>& buckets);

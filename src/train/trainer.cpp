@@ -81,7 +81,7 @@ void Trainer::State::stop(const guard::Decision& d) {
 void Trainer::State::train_step() {
   const double lr = effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get());
   const bool log_step = is_log_step();
-  model->set_record_activation_stats(log_step && guard);
+  model->set_record_activation_stats(log_step);
   const std::optional<double> threshold =
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
 
@@ -96,6 +96,7 @@ void Trainer::State::train_step() {
     return;
   }
   const std::vector<double> update_ratios = apply_update(result, lr, log_step);
+  if (guard) note_samples();
   if (log_step) {
     record_step(result, lr, update_ratios);
     check_consumed();

@@ -95,6 +95,7 @@ struct Trainer::State {
   void record_events(const guard::Decision& d);
   [[noreturn]] void stop(const guard::Decision& d);
   void check_consumed();
+  void note_samples();
   data::Batch next_batch();
 
   // ---- checkpoints (snapshot.cpp)

@@ -9,8 +9,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -280,6 +283,45 @@ void expect_resume_across_world_sizes(const std::string& name, const std::string
   }
 }
 
+// On shards the sample order depends on neither the world size nor the micro-batch size: with
+// the global batch kept at 24, runs resumed from 2 ranks x 12 at 3 ranks x 8, and from 1 rank x 24
+// at 2 ranks x 12, train step by step on exactly the samples the uninterrupted run trains on.
+TEST(DistIntegration, OnShardsAResumeAtAnotherLayoutTrainsTheSameSamples) {
+  const std::string fortunes = "/usr/share/games/fortunes/fortunes";
+  if (!std::filesystem::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  ScratchDir data("dist_layout_data"), ref("dist_layout_ref"), a("dist_layout_a"),
+      b("dist_layout_b");
+  auto r = run_keel("prepare --input " + fortunes + " --output " + data.str() +
+                    " --separator % --seq-len 32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto args = [&](const ScratchDir& d, int micro_batch) {
+    return "train --run-dir " + d.str() + kQuickRun +
+           " --set data.source=shards --set data.path=" + data.str() +
+           " --set model.vocab_size=264 --set data.micro_batch_size=" +
+           std::to_string(micro_batch) +
+           " --set run.max_steps=30 --set logging.sample_ids=true --set checkpoint.every_steps=10";
+  };
+  const std::string crash = " --set 'faults=[{kind: crash, at_step: 15}]'";
+  r = run_keel(args(ref, 24));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 2 -- " + args(a, 12) + crash);
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 3 -- " + args(a, 8) + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel(args(b, 24) + crash);
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  r = run_keel("launch --nproc 2 -- " + args(b, 12) + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto expected = by_step(ref.path() / "samples.jsonl");
+  for (const ScratchDir* run : {&a, &b}) {
+    const auto got = by_step(run->path() / "samples.jsonl");
+    for (int64_t step = 1; step <= 30; ++step) {
+      ASSERT_TRUE(expected.count(step) && got.count(step)) << run->str() << " step " << step;
+      EXPECT_EQ(got.at(step)["ids"], expected.at(step)["ids"]) << run->str() << " step " << step;
+    }
+  }
+}
+
 // ZeRO-2 writes ZeRO-1's checkpoints: any world size resumes them, and so does ZeRO-1.
 TEST(DistIntegration, ZeroTwoResumesAtAnyWorldSizeAndUnderZeroOne) {
   expect_resume_across_world_sizes("dist_zero2_resume", " --set distributed.zero=2");
@@ -399,6 +441,44 @@ TEST(DistIntegration, ARankThatDiesEndsTheJobNamingIt) {
   EXPECT_LT(seconds, 20 + 30) << r.output;
 }
 
+// When the line of `log` that contains `marker` was written (its timestamp), if there is one.
+std::optional<std::chrono::system_clock::time_point> logged_at(const std::string& log,
+                                                               const std::string& marker) {
+  const size_t at = log.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t newline = log.rfind('\n', at);
+  const std::string line = log.substr(newline == std::string::npos ? 0 : newline + 1);
+  static const std::regex stamp(R"((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{3}))");
+  std::smatch m;
+  if (!std::regex_search(line, m, stamp)) return std::nullopt;
+  std::tm tm{};
+  std::istringstream(m[1].str()) >> std::get_time(&tm, "%Y-%m-%d %H:%M:%S");
+  tm.tm_isdst = -1;  // the log's local time, daylight saving or not
+  return std::chrono::system_clock::from_time_t(std::mktime(&tm)) +
+         std::chrono::milliseconds(std::stoi(m[2].str()));
+}
+
+// A rank that hangs (alive, silent, deaf to SIGTERM) ends the job within distributed.timeout_s
+// + 5 s of the hang, and the others name it: rank 1, and rank 0, which hosts the store.
+TEST(DistIntegration, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
+  for (const int hung : {1, 0}) {
+    SCOPED_TRACE("hung rank " + std::to_string(hung));
+    ScratchDir d("dist_hang");
+    auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 50) +
+                      " --set distributed.timeout_s=10 --set 'faults=[{kind: hang, at_step: 5, "
+                      "rank: " +
+                      std::to_string(hung) + "}]'");
+    const auto ended = std::chrono::system_clock::now();
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_NE(r.output.find("rank " + std::to_string(hung) + " stopped answering"),
+              std::string::npos)
+        << r.output;
+    const auto hung_at = logged_at(r.output, "hang fault at iteration 5");
+    ASSERT_TRUE(hung_at.has_value()) << r.output;
+    EXPECT_LT(std::chrono::duration<double>(ended - *hung_at).count(), 10 + 5) << r.output;
+  }
+}
+
 // A scheduler's SIGTERM to the launcher reaches every rank; they agree on the step, write one
 // checkpoint together and exit.
 TEST(DistIntegration, SigtermToTheLauncherCheckpointsOnceOnEveryRank) {
@@ -424,6 +504,40 @@ TEST(DistIntegration, SigtermToTheLauncherCheckpointsOnceOnEveryRank) {
     EXPECT_TRUE(std::filesystem::exists(dir / f)) << dir / f << "\n" << log;
   for (const char* rank : {"[rank 0]", "[rank 1]"})
     EXPECT_NE(log.find(std::string(rank) + " "), std::string::npos) << log;
+}
+
+// Whether process `pid` still runs (a zombie that no one reaped has ended).
+bool running(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// A launcher killed with SIGKILL cannot stop its ranks; the kernel does (PR_SET_PDEATHSIG): no
+// rank is alive 5 s later.
+TEST(DistIntegration, RanksDieWithAKilledLauncher) {
+  ScratchDir d("dist_launcher_killed");
+  const int pid = start_keel_training("launch --nproc 2 -- " + tiny_args(d, 8, 100000), d.path(),
+                                      d.path() / "log");
+  ASSERT_GT(pid, 0);
+  std::vector<int> ranks;
+  std::istringstream children(run_shell("pgrep -P " + std::to_string(pid)).output);
+  for (int child; children >> child;) ranks.push_back(child);
+  ASSERT_EQ(ranks.size(), 2u) << "the launcher's children";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  auto any_running = [&] {
+    for (int rank : ranks)
+      if (running(rank)) return true;
+    return false;
+  };
+  while (any_running() && std::chrono::steady_clock::now() - killed < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(any_running()) << "a rank outlived its launcher by 5 s";
+  for (int rank : ranks)
+    if (running(rank)) ::kill(rank, SIGKILL);  // nothing left behind for the next test
 }
 
 // One rank started by a launcher, with a backend named in the config, makes that process group and

@@ -274,6 +274,14 @@ TEST(ConfigValidate, ValidatedCombinationsRejectPointsOutsideAll) {
   EXPECT_TRUE(contains(found[0].message, "world_size 8")) << found[0].message;
   EXPECT_TRUE(contains(found[0].message, "global_batch [64, 128]")) << found[0].message;
   EXPECT_EQ(errors(check(kCombos, {"optim.lr=7e-4"})).size(), 1u);
+  // A global batch beyond every combination (32 ranks: 256): the seed's §4.2 advice, lr scaled by
+  // the square root of the batch ratio from the nearest combination, with a longer warmup.
+  ValidateOptions many_ranks = without_filesystem();
+  many_ranks.world_size = 32;
+  const auto beyond = errors(check(kCombos, {}, many_ranks));
+  ASSERT_EQ(beyond.size(), 1u) << dump(beyond);
+  EXPECT_TRUE(contains(beyond[0].message, "sqrt(256/128) gives lr 0.00283")) << beyond[0].message;
+  EXPECT_TRUE(contains(beyond[0].message, "longer warmup")) << beyond[0].message;
 }
 
 TEST(ConfigValidate, AsyncCheckpointsAreRefusedForSeveralRanks) {

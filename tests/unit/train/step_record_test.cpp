@@ -29,6 +29,7 @@ TEST(DataStatistics, LossQuantilesLeaveNonFiniteLossesOut) {
   EXPECT_DOUBLE_EQ(s["sample_loss"]["p50"].get<double>(), 51);  // nearest rank
   EXPECT_DOUBLE_EQ(s["sample_loss"]["p99"].get<double>(), 100);
   EXPECT_DOUBLE_EQ(s["sample_loss"]["max"].get<double>(), 100);
+  EXPECT_EQ(s["sample_loss"]["n"].get<int64_t>(), 100);
   EXPECT_FALSE(s.contains("doc_len"));
   EXPECT_FALSE(s.contains("bucket_mix"));
 }
@@ -38,6 +39,8 @@ TEST(DataStatistics, DocumentLengthsAndBucketMix) {
   EXPECT_FALSE(s.contains("sample_loss"));
   EXPECT_DOUBLE_EQ(s["doc_len"]["mean"].get<double>(), 25);
   EXPECT_DOUBLE_EQ(s["doc_len"]["p95"].get<double>(), 40);
+  EXPECT_DOUBLE_EQ(s["doc_len"]["p50"].get<double>(), 30);  // nearest rank
+  EXPECT_DOUBLE_EQ(s["doc_len"]["max"].get<double>(), 40);
   EXPECT_EQ(s["bucket_mix"], (nlohmann::json{{"0", 1}, {"2", 3}}));
 }
 
