@@ -28,6 +28,7 @@ WeightReader::WeightReader(const fs::path& checkpoint_dir) : dir_(checkpoint_dir
   const std::vector<std::string> files = model_files(listed);
   if (files.empty())
     throw CheckpointError((dir_ / "MANIFEST.json").string() + ": lists no model weights");
+  source_ = (dir_ / (files.size() == 1 ? files[0] : "model.rank*.safetensors")).string();
   for (const auto& name : files) {
     verify_file(dir_, manifest, name);
     const fs::path path = dir_ / name;

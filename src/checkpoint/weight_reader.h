@@ -24,6 +24,8 @@ class WeightReader {
   // or when a parameter's pieces do not cover it.
   explicit WeightReader(const std::filesystem::path& checkpoint_dir);
 
+  // The weight files, for messages: DIR/model.safetensors or DIR/model.rank*.safetensors.
+  const std::string& source() const { return source_; }
   // Parameters and their shapes, by name.
   const std::map<std::string, std::vector<int64_t>>& shapes() const { return shapes_; }
   // Elements [first, first + count) of parameter `name`, flattened: a 1-D fp32 CPU tensor read
@@ -40,6 +42,7 @@ class WeightReader {
     const TensorEntry* entry = nullptr;
   };
   std::filesystem::path dir_;
+  std::string source_;
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::map<std::string, std::vector<Source>> sources_;  // by parameter, in order of position
 };

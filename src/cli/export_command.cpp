@@ -141,7 +141,7 @@ int export_hf(const ExportArgs& a) {
       ids = {tok->bos_id, tok->eos_id};
     }
     checkpoint::write_hf_weights(tmp / "model.safetensors", m, weights.shapes(), rows,
-                                 (dir / "model.safetensors").string());
+                                 weights.source());
     write_json(tmp / "config.json", checkpoint::hf_config(m, ids));
     write_json(tmp / "generation_config.json", checkpoint::hf_generation_config(ids));
     checkpoint::fsync_dir(tmp);

@@ -47,8 +47,7 @@ TrainedModel load_trained_model(const fs::path& arg) {
     for (auto& item : t.model->named_parameters()) {
       auto it = weights.shapes().find(item.key());
       if (it == weights.shapes().end())
-        throw CheckpointError(dir.string() + ": model.safetensors has no weights for " +
-                              item.key());
+        throw CheckpointError(weights.source() + ": no weights for " + item.key());
       if (c10::IntArrayRef(it->second) != item.value().sizes())
         throw CheckpointError(dir.string() + ": weight " + item.key() +
                               " has another shape than model section of its config.yaml says");
