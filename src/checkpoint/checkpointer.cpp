@@ -161,13 +161,6 @@ TensorMap load_tensors(const fs::path& dir, const Manifest& m, const std::string
   return std::move(c.tensors);
 }
 
-std::string load_text(const fs::path& dir, const Manifest& m, const std::string& name) {
-  listed(dir, m, name);
-  std::string s = read_file(dir / name);
-  check_digest(dir, m, name, {s.size(), XXH3_64bits(s.data(), s.size())});
-  return s;
-}
-
 // A deep CPU copy, taken on the caller's thread, so training may modify the originals at once.
 // CPU tensors are copied with one memcpy each rather than torch's copy: that one fans out to the
 // intra-op thread pool, whose spinning threads make the stall erratic on a busy machine.
@@ -392,6 +385,13 @@ std::map<std::string, torch::Tensor> load_optimizer_parts(const fs::path& dir) {
 
 std::map<std::string, torch::Tensor> load_model_parts(const fs::path& dir) {
   return load_every_rank(dir, "model", /*by_rank=*/false);  // piece keys are unique across ranks
+}
+
+std::string load_text(const fs::path& dir, const Manifest& m, const std::string& name) {
+  listed(dir, m, name);
+  std::string s = read_file(dir / name);
+  check_digest(dir, m, name, {s.size(), XXH3_64bits(s.data(), s.size())});
+  return s;
 }
 
 void verify_file(const fs::path& dir, const Manifest& m, const std::string& name) {

@@ -153,6 +153,9 @@ std::map<std::string, torch::Tensor> load_model_parts(const std::filesystem::pat
 // them together with weight_parts.h's whole_weights).
 std::map<std::string, torch::Tensor> load_model(const std::filesystem::path& dir);
 
+// Small file `name` of checkpoint `dir` (config.yaml, trainer_state.json), read and checked
+// against its MANIFEST.json `m` in one pass.
+std::string load_text(const std::filesystem::path& dir, const Manifest& m, const std::string& name);
 // Checks file `name` of checkpoint `dir` against its MANIFEST.json `m` (listed, size, xxh3),
 // streaming it through the hash and keeping nothing: for readers that then read parts of it.
 void verify_file(const std::filesystem::path& dir, const Manifest& m, const std::string& name);

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <c10/util/accumulate.h>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -508,18 +510,20 @@ void check_hf_config(const fs::path& dir, const config::ModelConfig& m) {
 
 // Where each tensor of a Hugging Face model directory is: its file and header entry.
 struct HfModelReader::Index {
-  config::ModelConfig model;
+  struct Stored {
+    fs::path file;
+    std::shared_ptr<const SafetensorsHeader> header;  // holds `entry`
+    const TensorEntry* entry = nullptr;
+  };
   std::string source;
   std::vector<Mapping> maps;
   std::map<std::string, std::string> names;  // transformers' name -> the name in the file
-  std::map<std::string, std::pair<fs::path, std::shared_ptr<const SafetensorsHeader>>> files;
-  std::map<std::string, const TensorEntry*> entries;  // by the name in the file
+  std::map<std::string, Stored> stored;      // by the name in the file
 };
 
 HfModelReader::HfModelReader(const fs::path& dir, const config::ModelConfig& m) {
   check_hf_config(dir, m);
   auto index = std::make_shared<Index>();
-  index->model = m;
   index->source = dir.string();
   index->maps = mappings(m);
   std::error_code ec;
@@ -548,8 +552,7 @@ HfModelReader::HfModelReader(const fs::path& dir, const config::ModelConfig& m) 
     auto header = std::make_shared<const SafetensorsHeader>(read_safetensors_header(dir / f));
     for (const auto& e : header->tensors) {
       found[e.name] = {e.shape, e.dtype};
-      index->entries[e.name] = &e;
-      index->files[e.name] = {dir / f, header};
+      index->stored[e.name] = {dir / f, header, &e};
     }
   }
   index->names = hf_names(found, m);
@@ -567,12 +570,10 @@ torch::Tensor HfModelReader::read(const std::string& keel_name) const {
   for (const auto& map : index_->maps) {
     if (map.keel != keel_name) continue;
     return assemble(map, [this](const std::string& hf) {
-      const std::string& stored = index_->names.at(hf);
-      const TensorEntry& e = *index_->entries.at(stored);
-      const auto& [file, header] = index_->files.at(stored);
-      int64_t numel = 1;
-      for (int64_t n : e.shape) numel *= n;
-      return read_safetensors_elements(file, *header, e, 0, numel).view(e.shape);
+      const Index::Stored& s = index_->stored.at(index_->names.at(hf));
+      return read_safetensors_elements(s.file, *s.header, *s.entry, 0,
+                                       c10::multiply_integers(s.entry->shape))
+          .view(s.entry->shape);
     });
   }
   throw CheckpointError(index_->source + ": keel's model has no tensor " + keel_name);

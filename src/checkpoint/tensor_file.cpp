@@ -5,6 +5,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -319,10 +321,9 @@ FileDigest write_safetensors_streamed(
   for (const auto& spec : specs) {
     const DtypeInfo* d = find_dtype(spec.dtype);
     if (!d) safetensors_dtype(spec.dtype);  // throws, naming the dtype
-    int64_t numel = 1;
-    for (int64_t n : spec.shape) numel *= n;
-    declared.push_back({spec.name, d, torch::Tensor(), spec.shape,
-                        static_cast<uint64_t>(numel) * c10::elementSize(spec.dtype)});
+    declared.push_back(
+        {spec.name, d, torch::Tensor(), spec.shape,
+         static_cast<uint64_t>(c10::multiply_integers(spec.shape)) * c10::elementSize(spec.dtype)});
   }
   sort_for_file(declared);
   std::string header = header_for(declared, metadata);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <c10/util/accumulate.h>
+
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/weight_parts.h"
 #include "common/error.h"
@@ -13,11 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t numel_of(const std::vector<int64_t>& shape) { return c10::multiply_integers(shape); }
 
 }  // namespace
 

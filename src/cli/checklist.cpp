@@ -117,7 +117,8 @@ ChecklistItem check_verified(const config::Config& cfg, const nlohmann::json& re
     for (const auto& [name, split] : meta.splits) {
       for (const auto& shard : split.shards) {
         const fs::path file = fs::path(cfg.data.path) / shard.file;
-        const auto want = static_cast<uintmax_t>(64 + shard.tokens * meta.token_bytes);
+        const auto want =
+            static_cast<uintmax_t>(sizeof(data::FileHeader) + shard.tokens * meta.token_bytes);
         std::error_code ec;
         const uintmax_t size = fs::file_size(file, ec);
         if (ec || size != want)

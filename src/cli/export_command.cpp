@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <c10/util/accumulate.h>
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
@@ -87,12 +88,8 @@ std::pair<std::string, std::string> tokenizer_source(const ExportArgs& a,
 // The model's parameters in the checkpoint (its rotary buffers, which are not exported, aside).
 int64_t parameter_count(const checkpoint::WeightReader& weights) {
   int64_t params = 0;
-  for (const auto& [name, shape] : weights.shapes()) {
-    if (name == "rope_cos" || name == "rope_sin") continue;
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    params += n;
-  }
+  for (const auto& [name, shape] : weights.shapes())
+    if (name != "rope_cos" && name != "rope_sin") params += c10::multiply_integers(shape);
   return params;
 }
 
@@ -100,8 +97,7 @@ int export_hf(const ExportArgs& a) {
   const fs::path dir = find_checkpoint_dir(a.checkpoint);
   const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
 
-  checkpoint::verify_file(dir, manifest, "config.yaml");
-  const std::string yaml = checkpoint::read_file(dir / "config.yaml");
+  const std::string yaml = checkpoint::load_text(dir, manifest, "config.yaml");
   const auto loaded = config::load_config_from_string(yaml, (dir / "config.yaml").string());
   for (const auto& d : loaded.diagnostics)
     if (d.severity == config::Diagnostic::Severity::kError && d.key.rfind("model", 0) == 0)
@@ -116,8 +112,7 @@ int export_hf(const ExportArgs& a) {
   const checkpoint::WeightReader weights(dir);
   const checkpoint::KeelRows rows = [&weights](const std::string& name, int64_t first, int64_t n) {
     std::vector<int64_t> shape = weights.shapes().at(name);
-    int64_t per_row = 1;
-    for (size_t d = 1; d < shape.size(); ++d) per_row *= shape[d];
+    const int64_t per_row = c10::multiply_integers(shape.begin() + 1, shape.end());
     shape[0] = n;
     return weights.read(name, first * per_row, n * per_row).view(shape);
   };

@@ -3,7 +3,6 @@
 #include <fstream>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/file_io.h"
 #include "checkpoint/weight_reader.h"
 #include "common/error.h"
 #include "common/paths.h"
@@ -31,8 +30,7 @@ fs::path find_checkpoint_dir(const fs::path& arg) {
 TrainedModel load_trained_model(const fs::path& arg) {
   const fs::path dir = find_checkpoint_dir(arg);
   const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
-  checkpoint::verify_file(dir, manifest, "config.yaml");
-  const std::string yaml = checkpoint::read_file(dir / "config.yaml");
+  const std::string yaml = checkpoint::load_text(dir, manifest, "config.yaml");
   auto loaded = config::load_config_from_string(yaml, (dir / "config.yaml").string());
   TrainedModel t;
   t.checkpoint = dir;
