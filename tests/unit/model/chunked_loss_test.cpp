@@ -99,10 +99,14 @@ TEST_P(ChunkedModel, LossesAndGradientsMatchTheWholeLogits) {
     grads.emplace_back();
     for (const auto& p : m->parameters()) grads.back().push_back(p.grad().clone());
   }
-  expect_close(outs[1].loss.detach(), outs[0].loss.detach(), 1e-6, "loss");
-  expect_close(outs[1].per_sample_loss, outs[0].per_sample_loss, 1e-6, "per-sample loss");
-  expect_close(outs[1].per_sample_objective.detach(), outs[0].per_sample_objective.detach(), 1e-6,
-               "per-sample objective");
+  // Bit-equal on this machine (one chunk), but CI's CPU measured up to 6.4e-6 relative on gpt2:
+  // the two paths reach the head through differently shaped GEMMs (3-D linear against 2-D mm),
+  // which a BLAS may block differently. A wrong chunked loss is off by 1e-3 or more.
+  constexpr double kValueTol = 5e-5;
+  expect_close(outs[1].loss.detach(), outs[0].loss.detach(), kValueTol, "loss");
+  expect_close(outs[1].per_sample_loss, outs[0].per_sample_loss, kValueTol, "per-sample loss");
+  expect_close(outs[1].per_sample_objective.detach(), outs[0].per_sample_objective.detach(),
+               kValueTol, "per-sample objective");
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); ++i)
     expect_close(grads[1][i], grads[0][i], 1e-5, "gradient " + std::to_string(i));
