@@ -96,12 +96,18 @@ enum class FaultKind {
   kDropSamples,
   kCrash,
   kSpliceData,
-  kHang
+  kHang,
+  kRepeatData,
+  kGradGrowth
 };
 KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
-            "crash", "splice_data", "hang");
+            "crash", "splice_data", "hang", "repeat_data", "grad_growth");
 enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
 KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
+// stability.screen.low: what becomes of samples far below the baseline, or repeating content
+// seen under another id (repeated or memorised data): a warning only, or masked and set aside too.
+enum class LowScreen { kWarn, kQuarantine };
+KEEL_CHOICE(LowScreen, "warn", "quarantine");
 #undef KEEL_CHOICE
 
 // An integer key that also takes `auto`: keel derives the value (from the data, or from what it
@@ -229,12 +235,14 @@ struct RollbackConfig {
 // The per-sample screen: before each update, every sample whose loss is far above the running
 // per-sample baseline (above factor x its median and above median + z robust standard deviations)
 // is masked out of the loss and set aside in quarantine.jsonl; the rest of the batch trains. Active
-// once warmup is over and the baseline holds min_samples clean samples.
+// once warmup is over and the baseline holds min_samples clean samples. Its low side (repeated or
+// memorised data, docs/config.md): `low` says whether it only warns or also masks.
 struct ScreenConfig {
   bool enabled = true;
   double factor = 2.0;
   double z = 6.0;
   int64_t min_samples = 256;
+  LowScreen low = LowScreen::kWarn;
   bool operator==(const ScreenConfig&) const = default;
 };
 
@@ -335,10 +343,13 @@ struct FaultSpec {
   int64_t at_step = 0;
   int64_t steps = 1;
   CorruptMode mode = CorruptMode::kRandomTokens;  // corrupt_batch
-  double factor = 1.0;                            // lr_spike multiplier, drop_samples fraction
+  // lr_spike multiplier, drop_samples fraction; grad_growth: how much larger the fp16 gradients
+  // are at the region's end (a geometric ramp; the update itself is unchanged)
+  double factor = 1.0;
   double seconds = 0.0;  // loader_stall duration; hang: how long (0: until killed)
   std::string path;      // splice_data: a prepared dataset whose windows replace the data
   int64_t rank = -1;     // only this rank is hit (-1: every rank)
+  int64_t period = 10;   // repeat_data: the documents come back every `period` steps
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -462,6 +473,7 @@ void visit(V& v, ScreenConfig& c) {
   v.field("factor", c.factor);
   v.field("z", c.z);
   v.field("min_samples", c.min_samples);
+  v.field("low", c.low);
 }
 template <class V>
 void visit(V& v, RecoveryConfig& c) {
@@ -544,6 +556,7 @@ void visit(V& v, FaultSpec& c) {
   v.field("seconds", c.seconds);
   v.field("path", c.path);
   v.field("rank", c.rank);
+  v.field("period", c.period);
 }
 template <class V>
 void visit(V& v, Config& c) {

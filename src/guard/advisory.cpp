@@ -1,6 +1,8 @@
 // The guard's advisory signals: they warn, never pause. The screen's tail (more samples masked
-// than natural text explains), the clip rate and the fp16 loss-scale drops over a window, and at
-// log steps the per-layer update ratios and the attention-output drift against its trend.
+// than natural text explains), repeated data (content seen under another id, samples far below
+// the baseline, a periodic dip in the loss), the clip rate and the fp16 loss scale (drops close
+// together, or a slow decline), and at log steps the per-layer update ratios and the
+// attention-output drift against its trend.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -54,6 +56,81 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
   d.events.back().about_screened_samples = true;
 }
 
+void Guard::watch_repeats(const StepSignals& s, Decision& d) {
+  const bool quarantine = cfg_.screen.low == config::LowScreen::kQuarantine;
+  const std::string fate = quarantine ? "They were left out of the update and set aside in "
+                                        "quarantine.jsonl"
+                                      : "As repeats they were left in (stability.screen.low: "
+                                        "warn; quarantine masks them)";
+  if (s.repeated > 0 &&
+      (last_repeat_warn_step_ < 0 || s.step - last_repeat_warn_step_ >= cfg_.median_window)) {
+    last_repeat_warn_step_ = s.step;
+    d.events.push_back(
+        {EventKind::kWarn,
+         {{"signal", "repeated_data"}, {"repeated", s.repeated}, {"samples", s.samples}},
+         fmt::format("{} of this step's {} samples repeat the tokens of samples seen before under "
+                     "other ids: the same documents coming back. {}. Look at where the named "
+                     "samples and the ones they repeat come from: a shard listed twice, a corpus "
+                     "never deduplicated, a loader that wraps early",
+                     s.repeated, s.samples, fate)});
+    d.events.back().about_low_samples = true;
+  }
+  if (!s.low_threshold) return;
+  // While the lr ramps up the loss falls fast and the baseline lags behind it: not counted.
+  const bool past_warmup = s.step >= warmup_steps_;
+  low_counts_.push(past_warmup ? static_cast<double>(s.low_losses.size()) : 0.0);
+  if (s.low_losses.empty() || !past_warmup) return;
+  const auto low_recently = static_cast<int64_t>(low_counts_.sum());
+  const auto tail_allowance = std::max<int64_t>(
+      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * screen_samples_.sum()));
+  const bool quiet_before =
+      last_low_warn_step_ < 0 || s.step - last_low_warn_step_ > cfg_.median_window;
+  if (low_recently <= tail_allowance || !quiet_before) return;
+  last_low_warn_step_ = s.step;
+  const double median = sample_losses_.median();
+  const double lowest = *std::min_element(s.low_losses.begin(), s.low_losses.end());
+  d.events.push_back(
+      {EventKind::kWarn,
+       {{"signal", "low_loss"},
+        {"low", s.low_losses.size()},
+        {"samples", s.samples},
+        {"threshold", *s.low_threshold},
+        {"median", median},
+        {"min_loss", lowest},
+        {"low_recently", low_recently},
+        {"tail_allowance", tail_allowance}},
+       fmt::format("{} samples in the last {} steps had a loss below {:.3f} ({:.2f}x the median "
+                   "per-sample loss {:.3f}; lowest this step {:.3f}), more than the {} a natural "
+                   "tail explains: memorised or repeated documents. {}. Look at the named "
+                   "samples' sources for near-duplicates",
+                   low_recently, low_counts_.size(), *s.low_threshold, *s.low_threshold / median,
+                   median, lowest, tail_allowance, fate)});
+  d.events.back().about_low_samples = true;
+}
+
+void Guard::watch_periodicity(const StepSignals& s, Decision& d) {
+  if (s.step < warmup_steps_ ||
+      (last_period_warn_step_ >= 0 && s.step - last_period_warn_step_ < cfg_.median_window))
+    return;
+  const auto found = periodicity_.detect();
+  if (!found) return;
+  last_period_warn_step_ = s.step;
+  d.events.push_back(
+      {EventKind::kWarn,
+       {{"signal", "loss_periodicity"},
+        {"period", found->period},
+        {"correlation", found->correlation},
+        {"dip_sigmas", found->dip},
+        {"loss", s.loss},
+        {"window", kPeriodWindow}},
+       fmt::format("the loss dips every {} steps (autocorrelation {:.2f} over the last {} "
+                   "applied steps; this step is {:.1f} robust standard deviations below its "
+                   "trend): the same data coming back on a schedule. This step's lowest-loss "
+                   "samples are named; look for a source that recurs",
+                   found->period, found->correlation, kPeriodWindow, -found->dip)});
+  d.events.back().about_low_samples = true;
+}
+
 void Guard::watch_rates(const StepSignals& s, Decision& d) {
   const auto may_warn = [&] {
     return last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
@@ -82,7 +159,24 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
   // mean the gradients keep leaving fp16's range.
   if (!s.loss_scale) return;
   last_loss_scale_ = s.loss_scale;
+  if (applied_any_ && *s.loss_scale > 0) scale_log2_.push(std::log2(*s.loss_scale));
   const double drops = scale_drops_.sum();
+  // A decline fitted over the whole window: single drops far apart, which the count below never
+  // sees, add up to a trend.
+  const double decline = scale_log2_.slope() * static_cast<double>(scale_log2_.size() - 1);
+  if (may_warn() && scale_log2_.size() >= scale_log2_.capacity() &&
+      decline <= -kScaleTrendHalvings && drops < kScaleDropsWarn) {
+    warn({{"signal", "loss_scale_trend"},
+          {"loss_scale", *s.loss_scale},
+          {"halvings", -decline},
+          {"window", scale_log2_.size()}},
+         fmt::format("the fp16 loss scale has been falling: {:.1f} halvings over the last {} "
+                     "steps (now {}), the gradients growing toward fp16's limit a little at a "
+                     "time; look at growing activations or weights (z-loss, qk_norm, weight decay) "
+                     "before they overflow for good; bf16 has the range fp16 lacks",
+                     -decline, scale_log2_.size(), *s.loss_scale));
+    return;
+  }
   if (may_warn() && drops >= kScaleDropsWarn)
     warn({{"signal", "loss_scale"},
           {"loss_scale", *s.loss_scale},

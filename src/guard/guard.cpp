@@ -46,7 +46,9 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       warmup_steps_(std::max<int64_t>(warmup_steps, 0)),
       screen_masked_(cfg.median_window),
       screen_samples_(cfg.median_window),
-      scale_drops_(cfg.median_window) {
+      scale_drops_(cfg.median_window),
+      scale_log2_(kScaleTrendWindows * cfg.median_window),
+      low_counts_(cfg.median_window) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(
         "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");
@@ -82,6 +84,14 @@ std::optional<double> Guard::screen_threshold(int64_t step) const {
   if (!(median > 0)) return std::nullopt;
   const double sigma = kMadToSigma * sample_losses_.mad();
   return std::max(cfg_.screen.factor * median, median + cfg_.screen.z * sigma);
+}
+
+std::optional<double> Guard::low_threshold(int64_t step) const {
+  if (!screen_threshold(step)) return std::nullopt;
+  const double median = sample_losses_.median();
+  const double sigma = kMadToSigma * sample_losses_.mad();
+  const double low = std::min(median / cfg_.screen.factor, median - cfg_.screen.z * sigma);
+  return low > 0 ? std::optional<double>(low) : std::nullopt;
 }
 
 void Guard::abort(const std::string& reason, const std::string& message, nlohmann::json detail,
@@ -253,8 +263,9 @@ void Guard::absorb(const StepSignals& s) {
   clip_flags_.push(s.clipped ? 1.0 : 0.0);
   for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].push(s.layer_grad_norms[i]);
-  for (double v : s.kept_losses)
-    if (std::isfinite(v)) sample_losses_.push(v);
+  for (double v : s.kept_losses)  // low ones (repeated, memorised) would drag the baseline down
+    if (std::isfinite(v) && !(s.low_threshold && v < *s.low_threshold)) sample_losses_.push(v);
+  periodicity_.push(s.loss);
   if (open_) open_->quiet = s.masked_losses.empty() ? open_->quiet + 1 : 0;
   if (s.loss_scale) scale_drops_.push(0.0);
 }
@@ -355,6 +366,7 @@ Decision Guard::observe(const StepSignals& s) {
   consecutive_overflow_ = 0;
 
   watch_screen(s, d);
+  watch_repeats(s, d);
   if (s.kept_losses.empty() && s.samples > 0) {  // the screen masked the whole step
     d.action = Action::kSkip;
     d.skip_reason = SkipReason::kScreenedOut;
@@ -405,6 +417,7 @@ Decision Guard::observe(const StepSignals& s) {
   norm_only_skips_ = 0;
   absorb(s);
   watch_rates(s, d);
+  watch_periodicity(s, d);
   return d;
 }
 

@@ -49,6 +49,7 @@
 
 #include "common/event_kind.h"
 #include "config/schema.h"
+#include "guard/repeats.h"
 #include "guard/running_stats.h"
 
 namespace keel::guard {
@@ -68,6 +69,13 @@ struct StepSignals {
   std::vector<double> kept_losses;
   std::vector<double> masked_losses;
   std::optional<double> screen_threshold;
+  // The low side (repeated or memorised data): the threshold the step was judged with (set with
+  // screen_threshold), the losses of the samples below it (masked under screen.low quarantine,
+  // kept and trained otherwise; either way they never join the baseline), and how many samples
+  // repeat content seen before under another id (the trainer's RepeatWatch).
+  std::optional<double> low_threshold;
+  std::vector<double> low_losses;
+  int64_t repeated = 0;
 };
 
 // kAbort: the run must stop (nan_policy abort, or clearly stuck); the decision's last event is the
@@ -87,6 +95,9 @@ struct GuardEvent {
   // A screen event, or a warn about the screen: the trainer names the masked samples in it
   // (name_samples).
   bool about_screened_samples = false;
+  // A warn about repeated data (repeated_data, low_loss, loss_periodicity): the trainer names the
+  // step's repeated and low samples in it (or its lowest-loss ones), with where they are.
+  bool about_low_samples = false;
 
   void name_samples(nlohmann::json top_samples) { detail["top_samples"] = std::move(top_samples); }
   nlohmann::json record() const;
@@ -133,6 +144,10 @@ class Guard {
   // The per-sample loss above which the screen masks a sample in step `step`; nullopt while the
   // screen is off (disabled, or its baseline holds fewer than screen.min_samples samples).
   std::optional<double> screen_threshold(int64_t step) const;
+  // The per-sample loss below which a sample is low in step `step`: min(median / screen.factor,
+  // median - screen.z robust standard deviations) of the same baseline; nullopt while the screen
+  // is off or when that is not above 0.
+  std::optional<double> low_threshold(int64_t step) const;
 
   Decision observe(const StepSignals& s);
   // Completes a decision that needs_diagnosis with `model_ratio`: the model's loss on the reference
@@ -205,6 +220,10 @@ class Guard {
   void note_alarm(int64_t step) { last_alarm_step_ = step; }
   void watch_rates(const StepSignals& s, Decision& d);
   void watch_screen(const StepSignals& s, Decision& d);
+  // Repeated data: content seen under another id, samples far below the baseline (warns), and
+  // after an applied step a periodic dip in the loss.
+  void watch_repeats(const StepSignals& s, Decision& d);
+  void watch_periodicity(const StepSignals& s, Decision& d);
   // An alarm that calls for a rollback: opens or joins an incident and escalates.
   // An alarm: opens or joins an incident (or aborts past the rate budget); resolve() picks the
   // remedy.
@@ -244,6 +263,12 @@ class Guard {
   bool applied_any_ = false;  // fp16 start-up: overflows before the first update calibrate
   std::optional<double> last_loss_scale_;
   RunningWindow scale_drops_;
+  RunningWindow scale_log2_;  // fp16: log2 of the loss scale at every step after start-up
+  RunningWindow low_counts_;  // per step while the screen is on: samples below the low threshold
+  LossPeriodicity periodicity_;
+  int64_t last_repeat_warn_step_ = -1;
+  int64_t last_low_warn_step_ = -1;
+  int64_t last_period_warn_step_ = -1;
   std::optional<Incident> open_;
   std::vector<Incident> closed_;
   std::deque<int64_t> incident_starts_;  // iterations at which incidents opened (rate budget)
@@ -292,5 +317,10 @@ inline constexpr double kMinLossScale = 1.0;
 inline constexpr int64_t kMaxConsecutiveOverflows = 24;
 // fp16: this many overflows (scale drops) within median_window steps after start-up warns.
 inline constexpr int64_t kScaleDropsWarn = 3;
+// fp16: a slow decline warns too. The least-squares slope of log2(scale) over the last
+// kScaleTrendWindows x median_window steps, times that span, at or below -kScaleTrendHalvings:
+// the scale fell 8x across the window without three drops ever coming close together.
+inline constexpr int64_t kScaleTrendWindows = 4;
+inline constexpr double kScaleTrendHalvings = 3.0;
 
 }  // namespace keel::guard

@@ -69,6 +69,12 @@ nlohmann::json Guard::state() const {
           {"applied_any", applied_any_},
           {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
           {"scale_drops", scale_drops_.state()},
+          {"scale_log2", scale_log2_.state()},
+          {"low_counts", low_counts_.state()},
+          {"loss_periodicity", periodicity_.state()},
+          {"last_repeat_warn_step", last_repeat_warn_step_},
+          {"last_low_warn_step", last_low_warn_step_},
+          {"last_period_warn_step", last_period_warn_step_},
           {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
           {"incidents", closed},
           {"incident_starts", incident_starts_}};
@@ -115,6 +121,14 @@ void Guard::load_state(const nlohmann::json& st) {
     last_loss_scale_ = it->get<double>();
   scale_drops_.clear();
   if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
+  scale_log2_.clear();
+  if (st.contains("scale_log2")) scale_log2_.load_state(st.at("scale_log2"));
+  low_counts_.clear();
+  if (st.contains("low_counts")) low_counts_.load_state(st.at("low_counts"));
+  periodicity_.load_state(st.value("loss_periodicity", nlohmann::json::array()));
+  last_repeat_warn_step_ = st.value("last_repeat_warn_step", int64_t{-1});
+  last_low_warn_step_ = st.value("last_low_warn_step", int64_t{-1});
+  last_period_warn_step_ = st.value("last_period_warn_step", int64_t{-1});
   open_.reset();
   if (auto it = st.find("open_incident"); it != st.end() && it->is_object())
     open_ = Incident::from_json(*it);

@@ -64,6 +64,19 @@ double RunningWindow::stddev() const {
   return std::sqrt(acc / static_cast<double>(values_.size()));
 }
 
+double RunningWindow::slope() const {
+  const auto n = static_cast<double>(values_.size());
+  if (values_.size() < 2) return std::numeric_limits<double>::quiet_NaN();
+  const double x_mean = (n - 1.0) / 2.0, y_mean = mean();
+  double sxy = 0.0, sxx = 0.0;
+  for (size_t i = 0; i < values_.size(); ++i) {
+    const double dx = static_cast<double>(i) - x_mean;
+    sxy += dx * (values_[i] - y_mean);
+    sxx += dx * dx;
+  }
+  return sxy / sxx;
+}
+
 nlohmann::json RunningWindow::state() const {
   return {{"capacity", capacity_}, {"values", std::vector<double>(values_.begin(), values_.end())}};
 }

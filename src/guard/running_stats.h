@@ -30,6 +30,9 @@ class RunningWindow {
   double mean() const;
   double stddev() const;  // population standard deviation
   double sum() const;
+  // The least-squares slope of the values against their order (per value); NaN with fewer than 2.
+  double slope() const;
+  int64_t capacity() const { return capacity_; }
   double last() const { return values_.back(); }  // precondition: !empty()
   void clear() { values_.clear(); }
   nlohmann::json state() const;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <limits>
 #include <thread>
@@ -25,6 +26,7 @@ FaultInjector::FaultInjector(std::vector<config::FaultSpec> faults, int64_t grad
       accum_(std::max<int64_t>(grad_accum_steps, 1)),
       vocab_(vocab_size),
       gen_(at::make_generator<at::CPUGeneratorImpl>(seed ^ 0xFA17ull)) {
+  repeat_sets_.resize(faults_.size());
   for (size_t i = 0; i < faults_.size(); ++i) {
     splices_.emplace_back();
     if (faults_[i].kind != config::FaultKind::kSpliceData) continue;
@@ -57,6 +59,19 @@ bool FaultInjector::corrupt(data::Batch& batch, int64_t position) {
       done = true;
       continue;
     }
+    if (f.kind == config::FaultKind::kRepeatData) {
+      const int64_t step = position / accum_;
+      if (position % accum_ != 0 || (step - f.at_step) % std::max<int64_t>(f.period, 1) != 0)
+        continue;
+      torch::Tensor& set = repeat_sets_[i];
+      if (!set.defined()) {  // the documents' first sight is an ordinary one
+        set = tokens.to(torch::kCPU).clone();
+      } else if (set.sizes() == tokens.sizes()) {
+        tokens.copy_(set);
+        done = true;
+      }
+      continue;
+    }
     if (f.kind != config::FaultKind::kCorruptBatch) continue;
     if (f.mode == config::CorruptMode::kRepeatToken) {
       tokens.fill_(torch::randint(vocab_, {1}, gen_, torch::kInt64).item<int64_t>());
@@ -76,6 +91,15 @@ double FaultInjector::lr_multiplier(int64_t iteration) const {
   double m = 1.0;
   for (const auto& f : faults_)
     if (f.kind == config::FaultKind::kLrSpike && active(f, iteration)) m *= f.factor;
+  return m;
+}
+
+double FaultInjector::gradient_growth(int64_t iteration) const {
+  double m = 1.0;
+  for (const auto& f : faults_)
+    if (f.kind == config::FaultKind::kGradGrowth && active(f, iteration))
+      m *= std::pow(f.factor, static_cast<double>(iteration - f.at_step + 1) /
+                                  static_cast<double>(std::max<int64_t>(f.steps, 1)));
   return m;
 }
 

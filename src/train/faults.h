@@ -6,6 +6,14 @@
 //   splice_data    the same positions, but their windows are replaced by real text: consecutive
 //                  windows of the dataset at `path` (prepared by `keel prepare`, so whatever its
 //                  filters let through), as if a stretch of junk documents sat in the data order.
+//   repeat_data    the same region, but every `period` steps its first micro-batch is the one it
+//                  held at at_step: a small set of documents coming back on a schedule (under the
+//                  ids of the positions they displace), as a shard listed twice would. The set is
+//                  this process's: a resumed run takes a new one at its next repeat.
+//   grad_growth    the fp16 gradients grow geometrically over [at_step, at_step+steps) to
+//                  `factor` times their size, as growing activations would make them: the scaled
+//                  loss is multiplied and the unscaled gradients divided by the same amount, so the
+//                  update is unchanged and only the loss scale has to give way.
 //   nan_grad, lr_spike, crash, hang
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
@@ -39,6 +47,8 @@ class FaultInjector {
   // corrupt_batch window. Returns true when it did.
   bool corrupt(data::Batch& batch, int64_t position);
   double lr_multiplier(int64_t iteration) const;
+  // grad_growth: the factor on the scaled loss of `iteration` (1 outside the fault).
+  double gradient_growth(int64_t iteration) const;
   // The step's one fault hook, after the backward pass of `iteration`: a crash kills the process
   // (SIGKILL, as an OOM killer or a node failure would); a hang stops answering; a nan_grad
   // poisons the first gradient.
@@ -53,6 +63,7 @@ class FaultInjector {
   }
   std::vector<config::FaultSpec> faults_;
   std::vector<std::unique_ptr<data::ShardSet>> splices_;  // per fault (null unless splice_data)
+  std::vector<torch::Tensor> repeat_sets_;  // per fault: repeat_data's documents, once taken
   int64_t accum_, vocab_;
   torch::Generator gen_;
 };

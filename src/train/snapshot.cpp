@@ -85,6 +85,8 @@ checkpoint::CheckpointData Trainer::State::capture() const {
   data.trainer_state["schedule"] = {{"kind", config::name_of(cfg.schedule.kind)},
                                     {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
+  if (guard && repeat_watch.size() > 0)  // (hash, id) pairs: too many for trainer_state.json
+    data.extra_tensors["repeat_watch"] = torch::tensor(repeat_watch.state(), torch::kInt64);
   if (std::isfinite(probe_reference)) data.trainer_state["probe_loss"] = probe_reference;
   data.config_yaml = resolved_yaml;
   return data;
@@ -123,6 +125,14 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
     counters.rolled_back_to(saved.step);  // the model goes back; the data position moves on
   }
   if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
+  if (restore_guard) {  // a rollback keeps what it has seen: the data moved on, not back
+    const auto it = data.extra_tensors.find("repeat_watch");
+    const torch::Tensor flat = it == data.extra_tensors.end()
+                                   ? torch::empty({0}, torch::kInt64)
+                                   : it->second.to(torch::kCPU, torch::kInt64).contiguous();
+    repeat_watch.load_state(
+        std::vector<int64_t>(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()));
+  }
   // The model is now the one that checkpoint holds: its reference measure (a checkpoint carries
   // its newest stable snapshot's, which a stable one measured itself).
   if (auto it = ts.find("probe_loss"); it != ts.end() && it->is_number())

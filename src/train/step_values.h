@@ -20,6 +20,7 @@ struct StepSamples {
   std::vector<torch::Tensor> ids, losses, tokens;   // (B) int64, (B) fp32, (B, T+1) int64
   std::vector<torch::Tensor> keep;                  // (B) fp32 1/0 (screening only)
   std::vector<torch::Tensor> doc_lengths, buckets;  // (B) int64 (shards only)
+  std::vector<int64_t> fingerprints;                // one per sample, in order: xxh3 of its window
   void clear() { *this = StepSamples(); }
 };
 
@@ -34,6 +35,7 @@ struct StepResult {
   // the gradients (a sum over kept samples of 1/samples each) are scaled to a mean over the kept.
   std::optional<double> screen_threshold;
   torch::Tensor grad_scale;
+  std::optional<double> low_threshold;  // the low side's (set with screen_threshold)
 };
 
 // The host's copy of one step's per-sample values, read with the guard's signals.
@@ -42,6 +44,11 @@ struct HostSamples {
   std::vector<double> losses;
   std::vector<bool> kept;
   int64_t masked = 0;
+  // The low side: the id whose content each sample repeats (-1: none), and whether its loss is
+  // below the low threshold. A masked sample is the low side's when it is either.
+  std::vector<int64_t> duplicate_of;
+  std::vector<bool> low;
+  bool low_side(size_t i) const { return duplicate_of[i] >= 0 || low[i]; }
 };
 
 // The guard's decision on a step, with the signals it was taken on (for events and forensics).

@@ -84,11 +84,12 @@ void Trainer::State::train_step() {
   model->set_record_activation_stats(log_step);
   const std::optional<double> threshold =
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
+  const std::optional<double> low = guard ? guard->low_threshold(counters.step) : std::nullopt;
 
-  torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold);
+  torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold, low);
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
   faults->after_backward(counters.iteration, sharded ? zero_optimizer->attach_grads() : params);
-  const StepResult result = measure(std::move(sums), threshold);
+  const StepResult result = measure(std::move(sums), threshold, low);
   Verdict verdict = decide(result, lr);
   record_verdict(verdict);
   if (verdict.action() != guard::Action::kApply) {
@@ -140,8 +141,11 @@ bool Trainer::State::arm_reducer(int64_t micro) {
 // the rest 1/B each. Returns (2) on the device: the kept samples' summed cross-entropy and their
 // count.
 torch::Tensor Trainer::State::forward_backward(bool keep_samples,
-                                               std::optional<double> screen_threshold) {
+                                               std::optional<double> screen_threshold,
+                                               std::optional<double> low_threshold) {
   const int64_t accum = cfg.data.grad_accum_steps;
+  const bool mask_low = cfg.stability.screen.low == config::LowScreen::kQuarantine;
+  const double growth = faults->gradient_growth(counters.iteration);
   model->train();
   step_samples.clear();
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
@@ -155,6 +159,8 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
       sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
                         ids.data_ptr<int64_t>() + ids.numel());
     }
+    const std::vector<int64_t> fingerprints =
+        keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
     auto tokens = batch.tokens.to(device, /*non_blocking=*/true);  // (B, T+1)
     model::LossOutput out;
     {
@@ -171,6 +177,8 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
       keep = out.per_sample_loss.le(*screen_threshold)
                  .logical_or(out.per_sample_loss.isnan())
                  .to(torch::kFloat32);  // (B)
+      if (mask_low)
+        keep = keep * low_side_keep(out.per_sample_loss, batch, fingerprints, low_threshold);
       // The masked samples' share taken back out: x - 0 is x, so a step that masks nothing
       // computes exactly what an unscreened step does, bit for bit.
       const auto masked = 1.0 - keep;
@@ -180,6 +188,7 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     }
     torch::Tensor scaled = objective / static_cast<double>(accum);
     if (scaler) scaled = scaled * scaler->scale();
+    if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
     const bool reduce_now = arm_reducer(micro);
     scaled.backward();
     // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
@@ -191,6 +200,8 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
       if (keep.defined()) step_samples.keep.push_back(keep);
       if (batch.doc_lengths.defined()) step_samples.doc_lengths.push_back(batch.doc_lengths);
       if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
+      step_samples.fingerprints.insert(step_samples.fingerprints.end(), fingerprints.begin(),
+                                       fingerprints.end());
     }
   }
   if (cfg.logging.sample_ids) {
@@ -222,7 +233,8 @@ void Trainer::State::finish_reduction() {
 // the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
 // step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
 // mean over the kept ones (folded into clipping, so no extra pass over the gradients).
-StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold) {
+StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold,
+                                   std::optional<double> low_threshold) {
   StepResult r;
   if (comm.is_process_group()) {
     const auto comm_start = Clock::now();  // what the backward pass did not hide
@@ -266,10 +278,14 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
       r.found_inf = flag[0];
     }
   }
+  if (const double growth = faults->gradient_growth(counters.iteration); growth != 1.0)
+    for (const auto& p : grads)
+      if (p.grad().defined()) p.grad().div_(growth);
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
   r.param_norms =
       zero_optimizer ? zero_optimizer->param_grad_norms() : optim::per_param_grad_norms(params);
   r.screen_threshold = screen_threshold;
+  r.low_threshold = screen_threshold ? low_threshold : std::nullopt;
   if (screen_threshold) {
     // The gradients are a sum over the kept samples of 1/samples each; this makes them a mean.
     r.grad_scale = (static_cast<double>(samples_per_step) / sums[1].clamp_min(1.0)).reshape({});
@@ -325,20 +341,33 @@ Verdict Trainer::State::decide(const StepResult& r, double lr) {
   if (scaler) s.loss_scale = scaler->scale().item<double>();
   s.samples = n;
   s.screen_threshold = r.screen_threshold;
-  const auto ids = comm.all_gather(torch::cat(step_samples.ids).to(device, torch::kInt64))
-                       .to(torch::kCPU)
-                       .contiguous();
+  // Every rank's (id, fingerprint) pairs in one gather.
+  const auto pairs =
+      comm.all_gather(torch::stack({torch::cat(step_samples.ids).to(torch::kCPU, torch::kInt64),
+                                    torch::tensor(step_samples.fingerprints, torch::kInt64)},
+                                   1)
+                          .to(device))
+          .to(torch::kCPU)
+          .contiguous();  // (n, 2)
   host_samples = HostSamples();
   for (int64_t i = 0; i < n; ++i) {
-    const bool kept = !keep || keep[i] > 0.5;
-    host_samples.ids.push_back(ids.data_ptr<int64_t>()[i]);
+    host_samples.ids.push_back(pairs.data_ptr<int64_t>()[2 * i]);
     host_samples.losses.push_back(sample_loss[i]);
-    host_samples.kept.push_back(kept);
-    (kept ? s.kept_losses : s.masked_losses).push_back(sample_loss[i]);
+    host_samples.kept.push_back(!keep || keep[i] > 0.5);
+  }
+  observe_repeats(s, pairs, r);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool kept = host_samples.kept[i];
+    // A masked sample below the high bound was masked for the low side (screen.low quarantine).
+    if (kept)
+      s.kept_losses.push_back(sample_loss[i]);
+    else if (!(r.screen_threshold && sample_loss[i] <= *r.screen_threshold))
+      s.masked_losses.push_back(sample_loss[i]);
     host_samples.masked += !kept;
   }
   last_layer_grad_norms = s.layer_grad_norms;
   v.decision = guard->observe(s);
+  name_low_samples(v.decision);
   if (v.decision.needs_diagnosis) {
     // Is the model worse than the snapshot a rollback would restore, on data known to be clean?
     const double ratio = probe_loss() / probe_reference;
@@ -365,9 +394,20 @@ void Trainer::State::record_verdict(Verdict& v) {
 
 void Trainer::State::quarantine_screened(guard::Decision& d) {
   if (host_samples.masked == 0) return;
+  const bool low_masking = cfg.stability.screen.low == config::LowScreen::kQuarantine;
   std::vector<std::pair<double, int64_t>> masked;  // (loss, id)
-  for (size_t i = 0; i < host_samples.ids.size(); ++i)
-    if (!host_samples.kept[i]) masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
+  for (size_t i = 0; i < host_samples.ids.size(); ++i) {
+    if (host_samples.kept[i]) continue;
+    if (!low_masking || !host_samples.low_side(i)) {
+      masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
+    } else if (host_samples.duplicate_of[i] >= 0) {
+      quarantine.record(host_samples.ids[i], counters, "repeated_data", host_samples.losses[i],
+                        {{"duplicate_of", host_samples.duplicate_of[i]}});
+    } else {
+      quarantine.record(host_samples.ids[i], counters, "low_loss", host_samples.losses[i]);
+    }
+  }
+  if (masked.empty()) return;
   const nlohmann::json named =
       quarantine.record_screened(std::move(masked), counters, cfg.stability.top_k_samples);
   for (auto& e : d.events)

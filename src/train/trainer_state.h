@@ -50,6 +50,9 @@
 
 namespace keel::train {
 
+// One content fingerprint per window of `tokens` (B, T+1) int64 on the host: its xxh3, as int64.
+std::vector<int64_t> sample_fingerprints(const torch::Tensor& tokens);
+
 struct Trainer::State {
   State(const config::Config& c, std::string yaml, TrainOptions o, distributed::Communicator& cm)
       : cfg(resolved_config(c)), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
@@ -65,10 +68,14 @@ struct Trainer::State {
   void open_record();
   void train_step();
   bool is_log_step() const;
-  torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold);
+  // The screen's bounds for one step: high masks samples above it; low (screen.low quarantine)
+  // masks samples below it and those that repeat content seen under another id.
+  torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold,
+                                 std::optional<double> low_threshold);
   bool arm_reducer(int64_t micro);
   void finish_reduction();  // the armed reducer's (or ZeRO-3's) reduction, timed as comm_s
-  StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold);
+  StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold,
+                     std::optional<double> low_threshold);
   double clip_bound() const;
   // The guard's verdict on the step: it reads the step's values once and writes nothing.
   Verdict decide(const StepResult& r, double lr);
@@ -83,6 +90,19 @@ struct Trainer::State {
   // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
   // decision's screen events.
   void quarantine_screened(guard::Decision& d);
+  // ---- repeated data (repeat_screen.cpp)
+  // (B) fp32 on the device: 0 for this micro-batch's samples that repeat content seen under
+  // another id or lie below `low` (when there is one), 1 otherwise (NaN losses are the guard's).
+  torch::Tensor low_side_keep(const torch::Tensor& per_sample_loss, const data::Batch& batch,
+                              const std::vector<int64_t>& fingerprints,
+                              std::optional<double> low) const;
+  // The step's repeated and low samples into the guard's signals (and host_samples); every
+  // rank's (id, fingerprint) pairs, (n, 2) on the host, then join the repeat watch.
+  void observe_repeats(guard::StepSignals& s, const torch::Tensor& ids_and_fingerprints,
+                       const StepResult& r);
+  // Names the step's repeated and low samples (else its lowest-loss ones), with where they are
+  // in the data, in the decision's warnings about repeated data.
+  void name_low_samples(guard::Decision& d) const;
   // checkpoint.every_steps: auto, decided once the run has measured a save and some steps: the
   // figures agreed over the ranks, the decision on record.
   void decide_checkpoint_cadence();
@@ -158,6 +178,7 @@ struct Trainer::State {
 
   // Defences and the record.
   std::unique_ptr<guard::Guard> guard;
+  guard::RepeatWatch repeat_watch;  // every rank's samples, the same on every rank
   std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   monitor::RunFiles files;
