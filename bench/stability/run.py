@@ -322,7 +322,8 @@ def main():
                              "false-alarms"])
     ap.add_argument("--scenarios", nargs="*", help="region scenarios to run (default: all 18)")
     ap.add_argument("--seeds", type=int, default=5, help="clean runs per config (false alarms)")
-    ap.add_argument("--fortunes-seeds", type=int, help="clean fortunes runs (default: --seeds)")
+    ap.add_argument("--fortunes-seeds", type=int,
+                    help="clean runs of the fortunes config per corpus (default: --seeds)")
     ap.add_argument("--fortunes-steps", type=int, default=300)
     ap.add_argument("--false-alarm-configs", nargs="*", default=list(FALSE_ALARM_CONFIGS))
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
@@ -608,7 +609,8 @@ def false_alarm_section(go, check, fortunes, code, args, raw):
              "screened | final val |", "|---|---|---|---|---|---|---|---|"]
     for name in args.false_alarm_configs:
         spec = FALSE_ALARM_CONFIGS[name]
-        n = (args.fortunes_seeds or args.seeds) if name == "fortunes" else args.seeds
+        fortunes_config = spec["config"] == "configs/fortunes.yaml"
+        n = (args.fortunes_seeds or args.seeds) if fortunes_config else args.seeds
         runs = []
         for seed in range(1, n + 1):
             sets = [x.format(data=fortunes, code=code, fortunes_steps=args.fortunes_steps)

@@ -7,15 +7,18 @@
 //   sequential  windows in stream order
 //   random      a seeded permutation per epoch
 //   stratified  windows grouped by bucket (their first document's cluster id mod `buckets`),
-//               shuffled within each bucket; each position takes the fullest bucket that none of
-//               the previous m - 1 positions took (m = min(min_clusters, non-empty buckets)), so
-//               any m consecutive positions of an epoch — and with them every micro-batch of at
-//               least m samples, wherever it starts — span m clusters, and the mix stays balanced
-//               to the end of the epoch. Windows the constraint cannot place (when one bucket
-//               dominates) wait for a later epoch. Only the seam between two epochs is exempt.
+//               shuffled within each bucket; each position draws a bucket that none of the
+//               previous m - 1 positions took (m = min(min_clusters, non-empty buckets)), in
+//               proportion to the windows it has left, so any m consecutive positions of an epoch
+//               — and with them every micro-batch of at least m samples, wherever it starts — span
+//               m clusters, and every stretch of the epoch mixes the clusters as the whole epoch
+//               does. The epoch's length E is what the greedy order (fullest bucket first) places;
+//               windows the constraint cannot place (when one bucket dominates) wait for a later
+//               epoch. Only the seam between two epochs is exempt.
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,12 @@ class SampleOrder {
 
  private:
   std::vector<int64_t> build(int64_t epoch) const;
+  std::vector<int64_t> stratified_greedy(int64_t epoch) const;
+  std::vector<int64_t> stratified_proportional(int64_t epoch) const;
+  // `stream` keeps the draws of the two stratified orders apart.
+  std::mt19937_64 epoch_rng(int64_t epoch, uint64_t stream) const;
+  std::vector<std::vector<int64_t>> shuffled_buckets(std::mt19937_64& rng) const;
+  int64_t spacing(const std::vector<std::vector<int64_t>>& lists) const;  // m
   SamplerConfig config_;
   std::vector<uint32_t> bucket_;
   int64_t epoch_length_ = 0;

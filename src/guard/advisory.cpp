@@ -62,12 +62,21 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                                         "quarantine.jsonl"
                                       : "As repeats they were left in (stability.screen.low: "
                                         "warn; quarantine masks them)";
-  if (s.repeated > 0 &&
+  repeat_counts_.push(static_cast<double>(s.repeated));
+  const auto repeated_recently = static_cast<int64_t>(repeat_counts_.sum());
+  const auto repeat_allowance = std::max<int64_t>(
+      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * static_cast<double>(s.samples) *
+                                               static_cast<double>(repeat_counts_.size())));
+  if (s.repeated > 0 && repeated_recently > repeat_allowance &&
       (last_repeat_warn_step_ < 0 || s.step - last_repeat_warn_step_ >= cfg_.median_window)) {
     last_repeat_warn_step_ = s.step;
     d.events.push_back(
         {EventKind::kWarn,
-         {{"signal", "repeated_data"}, {"repeated", s.repeated}, {"samples", s.samples}},
+         {{"signal", "repeated_data"},
+          {"repeated", s.repeated},
+          {"samples", s.samples},
+          {"repeated_recently", repeated_recently},
+          {"tail_allowance", repeat_allowance}},
          fmt::format("{} of this step's {} samples repeat the tokens of samples seen before under "
                      "other ids: the same documents coming back. {}. Look at where the named "
                      "samples and the ones they repeat come from: a shard listed twice, a corpus "
@@ -78,11 +87,29 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
   if (!s.low_threshold) return;
   // While the lr ramps up the loss falls fast and the baseline lags behind it: not counted.
   const bool past_warmup = s.step >= warmup_steps_;
-  low_counts_.push(past_warmup ? static_cast<double>(s.low_losses.size()) : 0.0);
+  const auto low_now = static_cast<double>(s.low_losses.size());
+  low_counts_.push(past_warmup ? low_now : 0.0);
+  if (past_warmup) {
+    low_long_counts_.push(low_now);
+    low_long_samples_.push(static_cast<double>(s.samples));
+  }
   if (s.low_losses.empty() || !past_warmup) return;
   const auto low_recently = static_cast<int64_t>(low_counts_.sum());
-  const auto tail_allowance = std::max<int64_t>(
-      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * screen_samples_.sum()));
+  // The count this run's own low tail predicts for a window (its rate before this window, once
+  // that history spans two windows), and what a Poisson count of that mean passes with
+  // probability about 1e-4.
+  const double window_samples = screen_samples_.sum();
+  double lambda = 0.0;
+  if (low_long_samples_.size() >= 3 * cfg_.median_window) {
+    const double recent =
+        static_cast<double>(std::min(low_long_samples_.size(), cfg_.median_window) * s.samples);
+    lambda = std::max(low_long_counts_.sum() - low_counts_.sum(), 0.0) /
+             std::max(low_long_samples_.sum() - recent, 1.0) * window_samples;
+  }
+  const auto tail_allowance =
+      std::max<int64_t>(std::max<int64_t>(kScreenTailSamples,
+                                          static_cast<int64_t>(kScreenTailShare * window_samples)),
+                        static_cast<int64_t>(lambda + kLowRateZ * std::sqrt(lambda) + kLowRateZ));
   const bool quiet_before =
       last_low_warn_step_ < 0 || s.step - last_low_warn_step_ > cfg_.median_window;
   if (low_recently <= tail_allowance || !quiet_before) return;

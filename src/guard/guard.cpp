@@ -48,7 +48,10 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       screen_samples_(cfg.median_window),
       scale_drops_(cfg.median_window),
       scale_log2_(kScaleTrendWindows * cfg.median_window),
-      low_counts_(cfg.median_window) {
+      low_counts_(cfg.median_window),
+      low_long_counts_(kLowRateWindows * cfg.median_window),
+      low_long_samples_(kLowRateWindows * cfg.median_window),
+      repeat_counts_(cfg.median_window) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(
         "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");

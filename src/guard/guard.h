@@ -265,6 +265,9 @@ class Guard {
   RunningWindow scale_drops_;
   RunningWindow scale_log2_;  // fp16: log2 of the loss scale at every step after start-up
   RunningWindow low_counts_;  // per step while the screen is on: samples below the low threshold
+  // The same over kLowRateWindows windows, with the samples seen: the run's own low-tail rate.
+  RunningWindow low_long_counts_, low_long_samples_;
+  RunningWindow repeat_counts_;  // per step: samples repeating content seen under another id
   LossPeriodicity periodicity_;
   int64_t last_repeat_warn_step_ = -1;
   int64_t last_low_warn_step_ = -1;
@@ -322,5 +325,12 @@ inline constexpr int64_t kScaleDropsWarn = 3;
 // the scale fell 8x across the window without three drops ever coming close together.
 inline constexpr int64_t kScaleTrendWindows = 4;
 inline constexpr double kScaleTrendHalvings = 3.0;
+// Repeated data. Exact repeats warn past the screen's natural-tail allowance within median_window
+// steps (a corpus holds the odd duplicate window; a repeated shard brings many). Low samples warn
+// past the allowance and past the run's own low-tail rate, measured over kLowRateWindows windows:
+// more than lambda + kLowRateZ sqrt(lambda) + kLowRateZ in a window, where lambda is the count that
+// rate predicts (a Poisson count passes that with probability about 1e-4).
+inline constexpr int64_t kLowRateWindows = 10;
+inline constexpr double kLowRateZ = 4.0;
 
 }  // namespace keel::guard

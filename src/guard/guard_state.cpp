@@ -71,6 +71,9 @@ nlohmann::json Guard::state() const {
           {"scale_drops", scale_drops_.state()},
           {"scale_log2", scale_log2_.state()},
           {"low_counts", low_counts_.state()},
+          {"low_long_counts", low_long_counts_.state()},
+          {"low_long_samples", low_long_samples_.state()},
+          {"repeat_counts", repeat_counts_.state()},
           {"loss_periodicity", periodicity_.state()},
           {"last_repeat_warn_step", last_repeat_warn_step_},
           {"last_low_warn_step", last_low_warn_step_},
@@ -125,6 +128,14 @@ void Guard::load_state(const nlohmann::json& st) {
   if (st.contains("scale_log2")) scale_log2_.load_state(st.at("scale_log2"));
   low_counts_.clear();
   if (st.contains("low_counts")) low_counts_.load_state(st.at("low_counts"));
+  low_long_counts_.clear();
+  low_long_samples_.clear();
+  repeat_counts_.clear();
+  if (st.contains("low_long_counts")) {
+    low_long_counts_.load_state(st.at("low_long_counts"));
+    low_long_samples_.load_state(st.at("low_long_samples"));
+  }
+  if (st.contains("repeat_counts")) repeat_counts_.load_state(st.at("repeat_counts"));
   periodicity_.load_state(st.value("loss_periodicity", nlohmann::json::array()));
   last_repeat_warn_step_ = st.value("last_repeat_warn_step", int64_t{-1});
   last_low_warn_step_ = st.value("last_low_warn_step", int64_t{-1});

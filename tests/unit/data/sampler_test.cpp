@@ -79,5 +79,23 @@ TEST(SampleOrder, StratifiedWithOneDominantBucketStillHoldsTheConstraint) {
     EXPECT_NE(bucket[order.at(g)], bucket[order.at(g + 1)]) << "positions " << g << ", " << g + 1;
 }
 
+// Every stretch of an epoch mixes the clusters as the whole epoch does: a small cluster is not
+// held back until the large ones have drained (the data would shift half-way through the epoch).
+TEST(SampleOrder, StratifiedMixesEveryClusterFromTheStartOfTheEpoch) {
+  std::vector<uint32_t> bucket;
+  for (uint32_t b = 0; b < 4; ++b) bucket.insert(bucket.end(), 400 - 100 * b, b);  // 400 ... 100
+  SamplerConfig c{config::Sampling::kStratified, 3, 8, 4, 2};
+  SampleOrder order(c, bucket);
+  ASSERT_EQ(order.epoch_length(), 1000);
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    for (int64_t part = 0; part < 5; ++part) {  // each fifth of the epoch
+      std::vector<int> count(4, 0);
+      for (int64_t i = 0; i < 200; ++i) ++count[bucket[order.at(epoch * 1000 + part * 200 + i)]];
+      for (uint32_t b = 0; b < 4; ++b)  // expected 80, 60, 40, 20
+        EXPECT_NEAR(count[b], (400 - 100 * b) / 5, 25) << "epoch " << epoch << " part " << part;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::data
