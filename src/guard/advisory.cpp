@@ -225,6 +225,9 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
   const bool past_warmup = step > warmup_steps_;
   const bool may_warn = past_warmup && (last_periodic_warn_step_ < 0 ||
                                         step - last_periodic_warn_step_ >= cfg_.median_window);
+  // The attention trend settles for a window after the ramp (measured: a clean text run's
+  // attention output still jumped 4x its trend 20 steps after a 40-step warmup).
+  const bool drift_settled = step > warmup_steps_ + cfg_.median_window;
   for (size_t i = 0; i < update_ratios.size(); ++i) {
     // Advisory: a large update ratio says the lr is high for these weights; it does not block
     // stable promotion the way a gradient or loss alarm does.
@@ -255,7 +258,7 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
     const double factor = std::exp(std::abs(value - trend));
     int64_t& drifting = attention_drifting_[i];
     drifting = past_warmup && factor > kAttentionDriftFactor ? drifting + 1 : 0;
-    if (may_warn && events.empty() && drifting >= kDriftPersistence) {
+    if (may_warn && drift_settled && events.empty() && drifting >= kDriftPersistence) {
       last_periodic_warn_step_ = step;
       events.push_back({EventKind::kWarn,
                         {{"signal", "attention_drift"},

@@ -144,7 +144,7 @@ class Guard {
   // The per-sample loss above which the screen masks a sample in step `step`; nullopt while the
   // screen is off (disabled, or its baseline holds fewer than screen.min_samples samples).
   std::optional<double> screen_threshold(int64_t step) const;
-  // The per-sample loss below which a sample is low in step `step`: min(median / screen.factor,
+  // The per-sample loss below which a sample is low in step `step`: min(median / screen.factor²,
   // median - screen.z robust standard deviations) of the same baseline; nullopt while the screen
   // is off or when that is not above 0.
   std::optional<double> low_threshold(int64_t step) const;

@@ -107,8 +107,8 @@ TEST(Guard, LowThresholdIsTheScreensMirrorAndLowSamplesStayOutOfTheBaseline) {
   int64_t step = 0;
   for (; step < 20; ++step) g.observe(calm(step));
   ASSERT_TRUE(g.low_threshold(step).has_value());
-  // median 1.95, MAD 0.025: min(1.95 / 2, 1.95 - 6 x 1.4826 x 0.025) = 0.975.
-  EXPECT_NEAR(*g.low_threshold(step), 0.975, 1e-9);
+  // median 1.95, MAD 0.025: min(1.95 / 2², 1.95 - 6 x 1.4826 x 0.025) = 0.4875.
+  EXPECT_NEAR(*g.low_threshold(step), 0.4875, 1e-9);
   const double before = *g.screen_threshold(step);
   for (int i = 0; i < 30; ++i, ++step) {  // a stream of low samples, trained on (warn mode)
     StepSignals s = calm(step);
