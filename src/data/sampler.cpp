@@ -107,29 +107,24 @@ std::vector<int64_t> SampleOrder::stratified_proportional(int64_t epoch) const {
   std::vector<int64_t> last_taken(K, -m);
   std::vector<int64_t> order;
   order.reserve(epoch_length_);
+  std::vector<int64_t> eligible(K);  // per bucket: windows left, 0 when it may not be taken now
   for (int64_t position = 0; position < epoch_length_; ++position) {
     const int64_t to_come = epoch_length_ - position;
-    int64_t urgent = -1, eligible_left = 0;
-    size_t urgent_left = 0;
+    int64_t urgent = -1, urgent_left = 0, eligible_left = 0;
     for (int64_t b = 0; b < K; ++b) {
       const auto left = static_cast<int64_t>(lists[b].size() - next[b]);
-      if (left == 0 || position - last_taken[b] < m) continue;
-      eligible_left += left;
-      if ((left - 1) * m + 1 >= to_come && static_cast<size_t>(left) > urgent_left) {
+      eligible[b] = position - last_taken[b] < m ? 0 : left;
+      eligible_left += eligible[b];
+      if (eligible[b] > 0 && (left - 1) * m + 1 >= to_come && left > urgent_left) {
         urgent = b;
-        urgent_left = static_cast<size_t>(left);
+        urgent_left = left;
       }
     }
     if (eligible_left == 0) break;
     int64_t pick = urgent;
     if (pick < 0) {
       auto draw = static_cast<int64_t>(rng() % static_cast<uint64_t>(eligible_left));
-      for (int64_t b = 0; b < K && pick < 0; ++b) {
-        const auto left = static_cast<int64_t>(lists[b].size() - next[b]);
-        if (left == 0 || position - last_taken[b] < m) continue;
-        if (draw < left) pick = b;
-        draw -= left;
-      }
+      for (pick = 0; draw >= eligible[pick]; ++pick) draw -= eligible[pick];
     }
     last_taken[pick] = position;
     order.push_back(lists[pick][next[pick]++]);

@@ -37,20 +37,18 @@ torch::Tensor Trainer::State::low_side_keep(const torch::Tensor& per_sample_loss
 void Trainer::State::observe_repeats(guard::StepSignals& s, const torch::Tensor& pairs,
                                      const StepResult& r) {
   const int64_t n = pairs.size(0);
-  const auto* p = pairs.data_ptr<int64_t>();
-  std::vector<uint64_t> hashes(static_cast<size_t>(n));
-  std::vector<int64_t> ids(static_cast<size_t>(n));  // every rank's, in rank order
+  const auto* p = pairs.data_ptr<int64_t>();  // every rank's (id, fingerprint), in rank order
   s.low_threshold = r.low_threshold;
   host_samples.duplicate_of.assign(static_cast<size_t>(n), -1);
   host_samples.low.assign(static_cast<size_t>(n), false);
   for (int64_t i = 0; i < n; ++i) {
-    ids[i] = p[2 * i];
-    hashes[i] = static_cast<uint64_t>(p[2 * i + 1]);
-    if (auto first = repeat_watch.duplicate_of(hashes[i], ids[i])) {
+    const int64_t id = p[2 * i];
+    const auto hash = static_cast<uint64_t>(p[2 * i + 1]);
+    if (auto first = repeat_watch.duplicate_of(hash, id)) {
       host_samples.duplicate_of[i] = *first;
       ++s.repeated;
     }
-    repeat_watch.remember({hashes[i]}, {ids[i]});  // one at a time: a repeat within the step too
+    repeat_watch.remember({hash}, {id});  // one at a time: a repeat within the step too
     const double loss = host_samples.losses[i];
     if (r.low_threshold && loss < *r.low_threshold) {
       host_samples.low[i] = true;
