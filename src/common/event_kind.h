@@ -16,6 +16,7 @@ enum class EventKind {
   kStableSnapshot,     // that checkpoint is a stable snapshot
   kLoaderWait,         // training waited for data (backpressure)
   kMemory,             // the memory plan and the measured peak, once per start
+  kGradAccum,          // dynamic accumulation changed the micro-batches per step
   kWarn,               // a signal crossed its warn threshold; training goes on
   kScreen,             // samples masked out of a step and quarantined
   kSkipNan,            // a non-finite loss or gradient: the update skipped
@@ -51,6 +52,8 @@ constexpr const char* name_of(EventKind kind) {
       return "loader_wait";
     case EventKind::kMemory:
       return "memory";
+    case EventKind::kGradAccum:
+      return "grad_accum";
     case EventKind::kWarn:
       return "warn";
     case EventKind::kScreen:

@@ -97,6 +97,11 @@ int64_t stuck_steps(const RollbackConfig& r, int64_t max_steps) {
   return std::max<int64_t>(100, max_steps / 4);
 }
 
+int64_t grad_accum_max(const DataConfig& d) {
+  if (d.grad_accum_max != kAuto) return d.grad_accum_max;
+  return 2 * std::max<int64_t>(d.grad_accum_steps, 1);
+}
+
 int64_t padded_vocab_size(int64_t data_vocab_size) {
   constexpr int64_t kMultiple = 64;
   return (std::max<int64_t>(data_vocab_size, 1) + kMultiple - 1) / kMultiple * kMultiple;
@@ -108,6 +113,7 @@ Config resolve_auto(Config c, std::optional<int64_t> data_vocab_size) {
   c.schedule.warmup_steps = warmup_steps(c.schedule, c.run.max_steps);
   c.stability.recovery.steps = recovery_steps(c.stability, c.run.max_steps);
   c.stability.rollback.stuck_steps = stuck_steps(c.stability.rollback, c.run.max_steps);
+  c.data.grad_accum_max = grad_accum_max(c.data);
   if (c.logging.tensorboard_every_steps == kAuto)
     c.logging.tensorboard_every_steps = std::max<int64_t>(c.logging.every_steps, 1);
   return c;

@@ -1,8 +1,6 @@
-// The typed configuration of a keel run: one struct per YAML section, field names equal to YAML
-// keys. Defaults here are the documented defaults (docs/config.md). Every struct compares by value
-// (operator==), which the to_yaml round-trip relies on. Loading, overrides and validation live
-// in load.h / validate.h; this header only describes the shape, and a visitor that walks it so that
-// reading, writing, key listing and locking share one list of fields.
+// The typed config of a keel run: one struct per YAML section, fields named as the keys, defaults
+// as documented (docs/config.md), compared by value (the to_yaml round-trip relies on it). load.h
+// and validate.h read and check it; the visitor below is the one field list every pass shares.
 #pragma once
 
 #include <array>
@@ -71,9 +69,8 @@ enum class ClipMode { kGlobal, kAdaptive };
 KEEL_CHOICE(ClipMode, "global", "adaptive");
 enum class Switch { kAuto, kOn, kOff };  // optim.fused, logging.progress, model.chunked_loss
 KEEL_CHOICE(Switch, "auto", "on", "off");
-// model.activation_checkpointing: what the backward pass recomputes instead of keeping
-// (model/recompute.h): nothing, each whole transformer block, or the norms and activations
-// between the matmuls.
+// model.activation_checkpointing (model/recompute.h): nothing recomputed, each whole block, or
+// the norms and activations between the matmuls.
 enum class ActivationCheckpointing { kNone, kFull, kSelective };
 KEEL_CHOICE(ActivationCheckpointing, "none", "full", "selective");
 // distributed.reduce_dtype: the type ZeRO-2/3's gradient reduce-scatter travels in (the mean is
@@ -108,11 +105,13 @@ KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
 // seen under another id (repeated or memorised data): a warning only, or masked and set aside too.
 enum class LowScreen { kWarn, kQuarantine };
 KEEL_CHOICE(LowScreen, "warn", "quarantine");
+// data.grad_accum: grad_accum_steps always, or dynamic (experimental, train/accumulation.h).
+enum class GradAccum { kFixed, kDynamic };
+KEEL_CHOICE(GradAccum, "fixed", "dynamic");
 #undef KEEL_CHOICE
 
-// An integer key that also takes `auto`: keel derives the value (from the data, or from what it
-// measures on this machine) where the owner of that knowledge resolves it. Visitors see such a key
-// through field(key, value, kAutoAllowed).
+// An integer key that also takes `auto`: its owner derives the value (from the data, or measured);
+// visitors see such a key through field(key, value, kAutoAllowed).
 inline constexpr int64_t kAuto = -1;
 struct AutoAllowed {};
 inline constexpr AutoAllowed kAutoAllowed{};
@@ -169,7 +168,10 @@ struct DataConfig {
   DataSource source = DataSource::kSynthetic;
   std::string path;              // shard directory when source=shards
   int64_t micro_batch_size = 8;  // sequences per micro-batch per rank
-  int64_t grad_accum_steps = 1;
+  int64_t grad_accum_steps = 1;  // dynamic: the count the run starts at and the lr is set for
+  GradAccum grad_accum = GradAccum::kFixed;
+  int64_t grad_accum_min = 1;
+  int64_t grad_accum_max = kAuto;  // auto: 2 x grad_accum_steps
   Sampling sampling = Sampling::kStratified;
   int64_t buckets = 16;
   int64_t min_clusters_per_batch = 2;
@@ -213,12 +215,9 @@ struct ScheduleConfig {
   bool operator==(const ScheduleConfig&) const = default;
 };
 
-// Rollbacks are budgeted per incident: the alarms that follow a rollback before training has made
-// progress on clean data belong to the incident that caused it. Within an incident the remedy
-// escalates (rollback, rollback with a longer skip-ahead, then skipping the offending steps), so it
-// ends in at most max_rollbacks rollbacks whatever the length of a bad region. The run stops
-// (exit 3, every incident summarised) when it is clearly stuck: more than max_incidents incidents
-// within incident_window_steps, or stuck_steps step attempts in a row without an applied update.
+// Rollbacks are budgeted per incident (alarms after a rollback, before progress on clean data, are
+// the same incident); the remedy escalates, so an incident ends within max_rollbacks. The run stops
+// (exit 3) past max_incidents within incident_window_steps, or stuck_steps attempts unapplied.
 struct RollbackConfig {
   bool enabled = true;
   int64_t max_rollbacks = 2;  // per incident
@@ -232,11 +231,9 @@ struct RollbackConfig {
   bool operator==(const RollbackConfig&) const = default;
 };
 
-// The per-sample screen: before each update, every sample whose loss is far above the running
-// per-sample baseline (above factor x its median and above median + z robust standard deviations)
-// is masked out of the loss and set aside in quarantine.jsonl; the rest of the batch trains. Active
-// once warmup is over and the baseline holds min_samples clean samples. Its low side (repeated or
-// memorised data, docs/config.md): `low` says whether it only warns or also masks.
+// The per-sample screen: samples above factor x the per-sample median and median + z robust sigma
+// are masked and set aside (quarantine.jsonl), after warmup once min_samples are known. `low`: its
+// low side (repeated or memorised data, docs/config.md) only warns, or masks too.
 struct ScreenConfig {
   bool enabled = true;
   double factor = 2.0;
@@ -333,7 +330,8 @@ struct ProductionConfig {
                                           "stability.*",
                                           "run.precision",
                                           "data.micro_batch_size",
-                                          "data.grad_accum_steps"};
+                                          "data.grad_accum_steps",
+                                          "data.grad_accum"};
   std::vector<ValidatedCombo> validated;
   bool operator==(const ProductionConfig&) const = default;
 };
@@ -422,6 +420,9 @@ void visit(V& v, DataConfig& c) {
   v.field("path", c.path);
   v.field("micro_batch_size", c.micro_batch_size);
   v.field("grad_accum_steps", c.grad_accum_steps);
+  v.field("grad_accum", c.grad_accum);
+  v.field("grad_accum_min", c.grad_accum_min);
+  v.field("grad_accum_max", c.grad_accum_max, kAutoAllowed);
   v.field("sampling", c.sampling);
   v.field("buckets", c.buckets);
   v.field("min_clusters_per_batch", c.min_clusters_per_batch);
@@ -584,16 +585,15 @@ double flops_per_token(const ModelConfig& m);
 // Parameters of the model this config builds (tied embeddings counted once).
 int64_t parameter_count(const ModelConfig& m);
 // The `auto` keys that depend only on the config itself.
-// Warmup: auto is phases.warmup x max_steps for three_phase, else max_steps / 10 capped at 2,000
-// (the seed's "2,000 steps to start"); never past max_steps.
+// Warmup: auto is phases.warmup x max_steps (three_phase), else max_steps / 10 up to 2,000.
 int64_t warmup_steps(const ScheduleConfig& s, int64_t max_steps);
 int64_t recovery_steps(const StabilityConfig& s, int64_t max_steps);
 int64_t stuck_steps(const RollbackConfig& r, int64_t max_steps);
+int64_t grad_accum_max(const DataConfig& d);
 // vocab_size: auto -> the data's vocabulary padded up to a multiple of 64.
 int64_t padded_vocab_size(int64_t data_vocab_size);
-// The config with every `auto` that the config (and the data's vocabulary, when known) decides
-// replaced by its value, as the run directory's config.resolved.yaml records it. The checkpoint
-// cadence stays auto: the trainer measures it.
+// The config with every `auto` the config (and the data's vocabulary, when known) decides resolved,
+// as config.resolved.yaml records it; the checkpoint cadence stays auto (the trainer measures it).
 Config resolve_auto(Config config, std::optional<int64_t> data_vocab_size);
 
 }  // namespace keel::config

@@ -218,6 +218,34 @@ void check_data(Checker& c, const DataConfig& d) {
   c.in_range("data.synthetic_zipf", d.synthetic_zipf, 0, kInf, Ends::kOpenHigh);
 }
 
+// Dynamic accumulation moves within [grad_accum_min, grad_accum_max] around grad_accum_steps, on
+// the guard's gradient norms; a production config, whose batch is validated, keeps it fixed.
+void check_accumulation(Checker& c, const Config& cfg) {
+  const DataConfig& d = cfg.data;
+  if (d.grad_accum != GradAccum::kDynamic) return;
+  c.at_least("data.grad_accum_min", d.grad_accum_min, 1);
+  if (d.grad_accum_min > d.grad_accum_steps)
+    c.error("data.grad_accum_min", "must be <= data.grad_accum_steps (" + num(d.grad_accum_steps) +
+                                       ") (got " + num(d.grad_accum_min) + ")");
+  const int64_t max = grad_accum_max(d);
+  if (max < d.grad_accum_steps || max < 1)
+    c.error("data.grad_accum_max", "must be >= data.grad_accum_steps (" + num(d.grad_accum_steps) +
+                                       "), or auto (got " + num(max) + ")");
+  else if (max == d.grad_accum_min)
+    c.error("data.grad_accum_max",
+            "equals data.grad_accum_min (" + num(max) +
+                "): a dynamic count needs room to move; widen the range or set "
+                "data.grad_accum: fixed");
+  if (!cfg.stability.enabled)
+    c.error("data.grad_accum",
+            "dynamic follows the guard's gradient norms, and stability.enabled is false; enable "
+            "the guard or set data.grad_accum: fixed");
+  if (cfg.production.locked || !cfg.production.validated.empty())
+    c.error("data.grad_accum",
+            "dynamic (experimental) in a production config: its batch is validated at fixed "
+            "points (production.validated); set data.grad_accum: fixed");
+}
+
 void check_optim(Checker& c, const OptimConfig& o, const RunConfig& run) {
   c.in_range("optim.lr", o.lr, 0, 1, Ends::kOpenLow);
   if (o.betas.size() != 2) {
@@ -504,6 +532,7 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
   check_run(c, cfg.run);
   check_model(c, cfg.model, cfg.data);
   check_data(c, cfg.data);
+  check_accumulation(c, cfg);
   check_optim(c, cfg.optim, cfg.run);
   check_schedule(c, cfg.schedule, cfg.run.max_steps);
   check_stability(c, cfg.stability);

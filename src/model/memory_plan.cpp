@@ -212,6 +212,14 @@ std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryP
     c.data.grad_accum_steps *= 2;
     set("data.micro_batch_size", std::to_string(c.data.micro_batch_size));
     set("data.grad_accum_steps", std::to_string(c.data.grad_accum_steps));
+    if (c.data.grad_accum == config::GradAccum::kDynamic) {  // the same range of samples
+      c.data.grad_accum_min *= 2;
+      set("data.grad_accum_min", std::to_string(c.data.grad_accum_min));
+      if (c.data.grad_accum_max != config::kAuto) {
+        c.data.grad_accum_max *= 2;
+        set("data.grad_accum_max", std::to_string(c.data.grad_accum_max));
+      }
+    }
     if (fits()) return text();
   }
   return std::nullopt;

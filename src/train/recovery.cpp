@@ -51,7 +51,7 @@ void Recovery::drop_step(const StepEvidence& step) {
     if (step.host.kept[i])
       p_.quarantine->record(step.host.ids[i], *p_.counters, reason, step.host.losses[i],
                             {{"incident", d.incident}});
-  p_.counters->set_aside(p_.cfg->data.grad_accum_steps, 0);
+  p_.counters->set_aside(p_.accumulation->steps(), 0);
 }
 
 void Recovery::rollback(const StepEvidence& step) {
@@ -140,7 +140,7 @@ void Recovery::begin_resume(const fs::path& snapshot, const std::string& reason,
     // The step in flight when it died is set aside too: its data may be what kills the process.
     reached.step = crash->step;
     reached.iteration = crash->iteration + 1;
-    reached.micro_taken = crash->micro_taken + cfg.data.grad_accum_steps;
+    reached.micro_taken = crash->micro_taken + p_.accumulation->most();
   }
   const int64_t discarded = std::max<int64_t>(reached.step - resumed.step, 0);
   const int64_t window = std::max<int64_t>(reached.micro_taken - resumed.micro_taken, 0);

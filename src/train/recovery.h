@@ -26,6 +26,7 @@
 #include "distributed/communicator.h"
 #include "guard/guard.h"
 #include "monitor/run_files.h"
+#include "train/accumulation.h"
 #include "train/counters.h"
 #include "train/forensics.h"
 #include "train/quarantine.h"
@@ -44,7 +45,8 @@ struct RecoveryParts {
   Quarantine* quarantine = nullptr;
   monitor::RunFiles* files = nullptr;
   TrainCounters* counters = nullptr;
-  guard::Guard* guard = nullptr;  // null: stability.enabled is false
+  const Accumulation* accumulation = nullptr;  // micro-batches per step
+  guard::Guard* guard = nullptr;               // null: stability.enabled is false
   const Forensics* forensics = nullptr;
   std::function<void(EventKind, const nlohmann::json&)> event;
   std::function<void(const guard::GuardEvent&)> guard_event;

@@ -288,8 +288,7 @@ void Trainer::State::open_record() {
   if (comm.is_main()) history = RunHistory(run_dir, options.resume.name());
   quarantine = Quarantine(files.quarantine, *train_data);
   progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
-  step_record = std::make_unique<StepRecord>(files, *progress, cfg.run.max_steps, tokens_per_step,
-                                             loss_floor);
+  step_record = std::make_unique<StepRecord>(files, *progress, cfg.run.max_steps, loss_floor);
   const int rank = comm.rank(), world = comm.world_size();
   checkpointer = std::make_unique<checkpoint::Checkpointer>(
       config::checkpoint_dir(cfg, run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,

@@ -85,6 +85,7 @@ checkpoint::CheckpointData Trainer::State::capture() const {
   data.trainer_state["schedule"] = {{"kind", config::name_of(cfg.schedule.kind)},
                                     {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
+  if (accumulation.dynamic()) data.trainer_state["grad_accum"] = accumulation.state();
   if (guard && repeat_watch.size() > 0)  // (hash, id) pairs: too many for trainer_state.json
     data.extra_tensors["repeat_watch"] = torch::tensor(repeat_watch.state(), torch::kInt64);
   if (std::isfinite(probe_reference)) data.trainer_state["probe_loss"] = probe_reference;
@@ -125,6 +126,9 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
     counters.rolled_back_to(saved.step);  // the model goes back; the data position moves on
   }
   if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
+  // The count goes back with the model: a rollback resumes the snapshot's accumulation.
+  if (accumulation.dynamic() && ts.contains("grad_accum"))
+    accumulation.load_state(ts.at("grad_accum"));
   if (restore_guard) {  // a rollback keeps what it has seen: the data moved on, not back
     const auto it = data.extra_tensors.find("repeat_watch");
     const torch::Tensor flat = it == data.extra_tensors.end()
@@ -214,6 +218,7 @@ RecoveryParts Trainer::State::recovery_parts() {
   p.files = &files;
   p.counters = &counters;
   p.guard = guard.get();
+  p.accumulation = &accumulation;
   p.forensics = forensics.get();
   p.event = [this](EventKind kind, const nlohmann::json& detail) { event(kind, detail); };
   p.guard_event = [this](const guard::GuardEvent& e) { event(e); };

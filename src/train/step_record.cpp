@@ -65,7 +65,7 @@ void StepRecord::write(const StepFigures& f) {
   const LogWindow& w = window_;
   const double elapsed = seconds_since(w.start);
   const int64_t steps = std::max<int64_t>(w.steps, 1);
-  const double tokens_per_s = w.steps * tokens_per_step_ / std::max(elapsed, 1e-9);
+  const double tokens_per_s = w.tokens / std::max(elapsed, 1e-9);
   const double step_ms = elapsed * 1e3 / steps;
 
   monitor::JsonRecord rec;
@@ -86,6 +86,7 @@ void StepRecord::write(const StepFigures& f) {
   if (f.loss_scale) rec.add("loss_scale", *f.loss_scale);
   if (f.several_ranks) rec.add("comm_ms", w.comm_s * 1e3 / steps);
   rec.add("tokens_seen", f.tokens_seen).add("samples_seen", f.samples_seen);
+  if (f.grad_accum) rec.add("grad_accum", *f.grad_accum);
   if (f.guarded) {
     nlohmann::json per_layer = nlohmann::json::object(), layer_norms = nlohmann::json::object();
     for (const auto& [name, ratio] : f.layer_update_ratios) per_layer[name] = ratio;
@@ -156,6 +157,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   f.queue_depth = loader.queue_depth;
   f.samples_seen = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
   f.tokens_seen = f.samples_seen * cfg.model.seq_len;
+  if (accumulation.dynamic()) f.grad_accum = accumulation.steps();
   if (scaler) f.loss_scale = scaler->scale().item<double>();
   f.several_ranks = comm.is_process_group();
   if (guard) {

@@ -28,6 +28,7 @@ struct LogWindow {
   double guard_s = 0.0;  // host time in the guard's per-step and periodic checks
   double comm_s = 0.0;   // host time in the step's gradient and loss all-reduce (several ranks)
   int64_t steps = 0;     // applied updates
+  int64_t tokens = 0;    // trained in them (all ranks)
   int64_t clipped = 0;   // of those, clipped (known when the guard reads the norm every step)
   int64_t skipped = 0;   // step attempts that applied nothing
   int64_t masked = 0;    // samples the screen masked
@@ -46,8 +47,9 @@ struct StepFigures {
   double update_ratio = 0.0;
   int64_t queue_depth = 0;  // the loader's ready batches
   int64_t samples_seen = 0, tokens_seen = 0;
-  std::optional<double> loss_scale;  // fp16
-  bool several_ranks = false;        // the window's communication time goes on record
+  std::optional<int64_t> grad_accum;  // the step's micro-batches, when dynamic
+  std::optional<double> loss_scale;   // fp16
+  bool several_ranks = false;         // the window's communication time goes on record
   // With the guard on (empty otherwise): per-layer update ratios and gradient norms by layer
   // name, the screen's threshold, the data statistics and whether the recovery overlay is on.
   bool guarded = false;
@@ -71,12 +73,8 @@ class StepRecord {
  public:
   // `files` and `progress` outlive this object.
   StepRecord(monitor::RunFiles& files, monitor::Progress& progress, int64_t max_steps,
-             int64_t tokens_per_step, std::optional<double> loss_floor)
-      : files_(&files),
-        progress_(&progress),
-        max_steps_(max_steps),
-        tokens_per_step_(tokens_per_step),
-        loss_floor_(loss_floor) {}
+             std::optional<double> loss_floor)
+      : files_(&files), progress_(&progress), max_steps_(max_steps), loss_floor_(loss_floor) {}
 
   LogWindow& window() { return window_; }
   // Time spent outside training (an evaluation) does not count toward the window's throughput.
@@ -91,7 +89,7 @@ class StepRecord {
  private:
   monitor::RunFiles* files_;
   monitor::Progress* progress_;
-  int64_t max_steps_, tokens_per_step_;
+  int64_t max_steps_;
   std::optional<double> loss_floor_;
   LogWindow window_;
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();

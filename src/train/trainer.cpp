@@ -79,7 +79,10 @@ void Trainer::State::stop(const guard::Decision& d) {
 // (one host read when the guard is on), the guard's decision, then the update and its record — or
 // a skip or a rollback instead of the update.
 void Trainer::State::train_step() {
-  const double lr = effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get());
+  // The sqrt rule of the seed's §4.2 when dynamic accumulation changed the batch.
+  const double lr =
+      effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get()) *
+      accumulation.lr_factor();
   const bool log_step = is_log_step();
   model->set_record_activation_stats(log_step);
   const std::optional<double> threshold =
@@ -102,6 +105,23 @@ void Trainer::State::train_step() {
     record_step(result, lr, update_ratios);
     check_consumed();
   }
+  if (accumulation.dynamic()) adjust_accumulation(verdict);
+}
+
+// The applied step's norm (read in decide(): dynamic accumulation needs the guard) moves the
+// count of the steps that follow.
+void Trainer::State::adjust_accumulation(const Verdict& v) {
+  const auto norm = v.signals.find("grad_norm");
+  if (norm == v.signals.end() || !norm->is_number()) return;
+  const auto change = accumulation.observe(counters.step, norm->get<double>(),
+                                           guard && guard->in_recovery(counters.step));
+  if (!change) return;
+  event(EventKind::kGradAccum,
+        {{"from", change->from},
+         {"to", change->to},
+         {"norm_ratio", change->ratio},
+         {"lr_factor", accumulation.lr_factor()},
+         {"samples_per_step", cfg.data.micro_batch_size * change->to * comm.world_size()}});
 }
 
 bool Trainer::State::is_log_step() const {
@@ -127,7 +147,7 @@ bool Trainer::State::arm_reducer(int64_t micro) {
     sharded->arm(/*accumulate=*/micro > 0);
     return true;
   }
-  const bool last = micro == cfg.data.grad_accum_steps - 1;
+  const bool last = micro == accumulation.steps() - 1;
   if (!reducer || !(last || reducer->releases_grads())) return false;
   const bool start_in_backward =
       cfg.distributed.overlap && !(last && faults->touches_gradients(counters.iteration));
@@ -136,14 +156,14 @@ bool Trainer::State::arm_reducer(int64_t micro) {
   return true;
 }
 
-// Runs grad_accum_steps micro-batches forward and backward; their gradients sum in .grad. With a
-// screen threshold, samples whose loss is above it (not NaN ones: those are the guard's) weigh 0,
-// the rest 1/B each. Returns (2) on the device: the kept samples' summed cross-entropy and their
-// count.
+// Runs the step's micro-batches (accumulation.steps()) forward and backward; their gradients sum in
+// .grad. With a screen threshold, samples whose loss is above it (not NaN ones: those are the
+// guard's) weigh 0, the rest 1/B each. Returns (2) on the device: the kept samples' summed
+// cross-entropy and their count.
 torch::Tensor Trainer::State::forward_backward(bool keep_samples,
                                                std::optional<double> screen_threshold,
                                                std::optional<double> low_threshold) {
-  const int64_t accum = cfg.data.grad_accum_steps;
+  const int64_t accum = accumulation.steps();
   const bool mask_low = cfg.stability.screen.low == config::LowScreen::kQuarantine;
   const double growth = faults->gradient_growth(counters.iteration);
   model->train();
@@ -288,7 +308,8 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
   r.low_threshold = screen_threshold ? low_threshold : std::nullopt;
   if (screen_threshold) {
     // The gradients are a sum over the kept samples of 1/samples each; this makes them a mean.
-    r.grad_scale = (static_cast<double>(samples_per_step) / sums[1].clamp_min(1.0)).reshape({});
+    const int64_t samples = cfg.data.micro_batch_size * accumulation.steps() * comm.world_size();
+    r.grad_scale = (static_cast<double>(samples) / sums[1].clamp_min(1.0)).reshape({});
     r.param_norms = r.param_norms * r.grad_scale;
   }
   r.grad_norm = r.param_norms.norm();
@@ -446,6 +467,7 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
   grad_norm_window->push(r.grad_norm);
   counters.applied();
   ++step_record->window().steps;
+  step_record->window().tokens += tokens_per_step / accumulation.nominal() * accumulation.steps();
   if (guard)
     for (const auto& e : guard->after_update(counters.step)) event(e);
   if (!log_step) return {};

@@ -34,6 +34,7 @@
 #include "monitor/run_files.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
+#include "train/accumulation.h"
 #include "train/checkpoint_cadence.h"
 #include "train/counters.h"
 #include "train/faults.h"
@@ -68,6 +69,7 @@ struct Trainer::State {
   void open_record();
   void train_step();
   bool is_log_step() const;
+  void adjust_accumulation(const Verdict& v);
   // The screen's bounds for one step: high masks samples above it; low (screen.low quarantine)
   // masks samples below it and those that repeat content seen under another id.
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold,
@@ -173,8 +175,10 @@ struct Trainer::State {
   double probe_reference = std::numeric_limits<double>::quiet_NaN();
   std::optional<double> loss_floor;
   std::unique_ptr<FaultInjector> faults;
-  int64_t samples_per_step = 0;
+  int64_t samples_per_step = 0;  // at grad_accum_steps micro-batches
   int64_t tokens_per_step = 0;
+  // Micro-batches per step (fixed, or dynamic on the guard's gradient norms).
+  Accumulation accumulation{cfg.data, cfg.schedule.warmup_steps};
 
   // Defences and the record.
   std::unique_ptr<guard::Guard> guard;

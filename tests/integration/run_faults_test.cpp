@@ -52,6 +52,17 @@ TEST_F(ShardRunTest, DroppedSamplesStopTheRunWithBothCounts) {
   EXPECT_NE(r.output.find("the trainer consumed"), std::string::npos) << r.output;
 }
 
+// With dynamic accumulation the check counts the micro-batches each step took, so it still holds
+// the loader to the trainer's count.
+TEST_F(ShardRunTest, DroppedSamplesStopADynamicAccumulationRun) {
+  auto r = run_keel(train(data(),
+                          "--set run.max_steps=20 --set data.grad_accum=dynamic "
+                          "--set data.grad_accum_steps=2 "
+                          "--set 'faults=[{kind: drop_samples, at_step: 2, factor: 0.1}]'"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("data-count mismatch"), std::string::npos) << r.output;
+}
+
 // The producer sleeps 1.5 s before step 4's batch: the trainer waits (an event and the metric say
 // how long), then trains on exactly the samples a clean run would, none twice and none skipped.
 TEST_F(ShardRunTest, LoaderStallMakesTheRunWaitWithoutReusingSamples) {

@@ -48,11 +48,12 @@ TEST(StepRecord, WritesOneLinePerWindowAndOpensANewOne) {
   ScratchDir dir("step_record");
   auto files = monitor::RunFiles::open(dir.path().string(), /*writer=*/true);
   monitor::Progress progress(config::Switch::kOff, /*enabled=*/false);
-  StepRecord record(files, progress, /*max_steps=*/100, /*tokens_per_step=*/256, std::nullopt);
+  StepRecord record(files, progress, /*max_steps=*/100, std::nullopt);
   EXPECT_TRUE(std::isnan(record.last_loss()));
 
   LogWindow& w = record.window();
   w.steps = 4;
+  w.tokens = 4 * 256;
   w.clipped = 1;
   w.skipped = 2;
   w.masked = 3;
