@@ -19,6 +19,8 @@ Parts (--only, repeatable):
   repeats       the seed's §3.2: a set of 16 documents coming back every 10 steps over half the
                 run (repeat_data), unprotected, with the default screen.low (warn) and with
                 screen.low quarantine
+  accumulation  data.grad_accum: dynamic against fixed (4 micro-batches of 4), clean and noisy
+                (an lr spike then a corrupt region), over 3 seeds: final val loss and wall time
   false-alarms  clean runs over several seeds, tiny (synthetic) and the tiny and fortunes configs
                 on two real corpora (fortunes prose, Python's standard library source), with the
                 false-alarm rate of each signal per 10,000 steps after warmup
@@ -82,10 +84,19 @@ TEN_INCIDENTS = [
     {"kind": "corrupt_batch", "mode": "repeat_token", "at_step": 350, "steps": 8},
 ]
 
-ALL_PARTS = ["regions", "numeric", "incidents", "repeats", "text", "false-alarms"]
+ALL_PARTS = ["regions", "numeric", "incidents", "repeats", "accumulation", "text",
+             "false-alarms"]
 
 # A set of documents coming back on a schedule: step 100's micro-batch returns every 10 steps.
 REPEATS = {"kind": "repeat_data", "at_step": 100, "steps": 200, "period": 10}
+
+# Dynamic accumulation against fixed, at the tiny config's global batch of 16 sequences.
+ACCUM_FIXED = ["data.micro_batch_size=4", "data.grad_accum_steps=4"]
+ACCUM_DYNAMIC = ACCUM_FIXED + ["data.grad_accum=dynamic", "data.grad_accum_min=1",
+                               "data.grad_accum_max=8"]
+ACCUM_NOISE = [{"kind": "lr_spike", "factor": 6, "at_step": 150, "steps": 30},
+               {"kind": "corrupt_batch", "mode": "random_tokens", "at_step": 250, "steps": 30}]
+ACCUM_SEEDS = [1, 2, 3]
 
 STORY = {"warn", "screen", "pause", "rollback", "recovery_start", "recovery_end", "skip_nan",
          "overflow", "incident_end", "abort"}
@@ -114,6 +125,8 @@ def train(keel, run_dir, sets, config=None):
     evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     end = next((e for e in events if e["kind"] == "run_end"), None)
     samples = read_jsonl(os.path.join(run_dir, "samples.jsonl"))
+    accum = [m["grad_accum"] for m in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+             if "grad_accum" in m]
     quarantine = read_jsonl(os.path.join(run_dir, "quarantine.jsonl"))
     rollbacks = [e for e in events if e["kind"] == "rollback"]
     per_incident = {}
@@ -143,6 +156,8 @@ def train(keel, run_dir, sets, config=None):
         "warns": sum(1 for e in events if e["kind"] == "warn"),
         "pauses": sum(1 for e in events if e["kind"] == "pause"),
         "screened": sum(1 for q in quarantine if q["reason"] == "screen"),
+        "accum": accum,
+        "accum_changes": sum(1 for e in events if e["kind"] == "grad_accum"),
         "tail": proc.stdout[-3000:],
     }
 
@@ -318,8 +333,7 @@ def main():
     ap.add_argument("--out", default="docs/stability.md")
     ap.add_argument("--json", help="also write the figures of every run to this file")
     ap.add_argument("--only", action="append",
-                    choices=["regions", "numeric", "incidents", "repeats", "text",
-                             "false-alarms"])
+                    choices=ALL_PARTS)
     ap.add_argument("--scenarios", nargs="*", help="region scenarios to run (default: all 18)")
     ap.add_argument("--seeds", type=int, default=5, help="clean runs per config (false alarms)")
     ap.add_argument("--fortunes-seeds", type=int,
@@ -364,6 +378,8 @@ def main():
             sections.append(incidents_section(go, check, clean, raw))
         if "repeats" in parts:
             sections.append(repeats_section(go, check, clean, raw))
+        if "accumulation" in parts:
+            sections.append(accumulation_section(go, check, raw))
         if "text" in parts or "false-alarms" in parts:
             fortunes, junk = prepare_text(keel, work)
         if "text" in parts:
@@ -563,6 +579,44 @@ def repeats_section(go, check, clean, raw):
         f"(of {returns * 16}) |", "",
         f"Clean {fmt_val(clean['final_val'])}. The first warning names, e.g., sample "
         f"{example.get('id')} as a repeat of sample {example.get('duplicate_of')}.", ""])
+
+
+def accumulation_section(go, check, raw):
+    rows = []
+    for setup, faults in (("clean", []), ("noisy", [faults_arg(ACCUM_NOISE)])):
+        runs = {}
+        for mode, sets in (("fixed", ACCUM_FIXED), ("dynamic", ACCUM_DYNAMIC)):
+            runs[mode] = [go(f"accum/{setup}/{mode}/{seed}", sets + faults + [f"run.seed={seed}"])
+                          for seed in ACCUM_SEEDS]
+            for seed, r in zip(ACCUM_SEEDS, runs[mode]):
+                raw[f"accum/{setup}/{mode}/{seed}"] = r
+        for mode in ("fixed", "dynamic"):
+            rs = runs[mode]
+            vals = [r["final_val"] for r in rs]
+            secs = [r["seconds"] for r in rs]
+            counts = sorted({k for r in rs for k in r["accum"]}) or [4]
+            check(f"accumulation {setup}/{mode} runs", all(r["exit"] == 0 for r in rs),
+                  f"exits {[r['exit'] for r in rs]}")
+            rows.append(
+                f"| {setup} | {mode} | {sum(vals) / len(vals):.4f} "
+                f"({', '.join(fmt_val(v) for v in vals)}) | {sum(secs) / len(secs):.1f} | "
+                f"{counts[0]}–{counts[-1]} | "
+                f"{sum(r['accum_changes'] for r in rs) / len(rs):.1f} | "
+                f"{sum(r['pauses'] for r in rs)} |")
+        fixed = sum(r["final_val"] for r in runs["fixed"]) / len(ACCUM_SEEDS)
+        dyn = sum(r["final_val"] for r in runs["dynamic"]) / len(ACCUM_SEEDS)
+        check(f"accumulation {setup}: dynamic within 2 % of fixed", abs(dyn / fixed - 1) <= 0.02,
+              f"mean val {dyn:.4f} against {fixed:.4f}")
+    return "\n".join([
+        "## Dynamic gradient accumulation", "",
+        "`data.grad_accum: dynamic` (experimental, the seed's §4.3) against fixed accumulation, "
+        "both at the tiny config's global batch of 16 sequences as 4 micro-batches of 4 "
+        "(`" + "`, `".join(ACCUM_FIXED) + "`; dynamic within [1, 8]). Noisy: `" +
+        faults_arg(ACCUM_NOISE) + "`. Seeds " + ", ".join(map(str, ACCUM_SEEDS)) +
+        "; wall time is the run's own (run_end seconds), on this machine's 2 cores.", "",
+        "| run | accumulation | final val, mean (per seed) | seconds, mean | micro-batches per "
+        "step (logged) | changes per run | pauses |", "|---|---|---|---|---|---|---|",
+        *rows, ""])
 
 
 def text_section(go, check, fortunes, junk, steps, raw):

@@ -12,14 +12,26 @@
 #include "guard/guard.h"
 
 namespace keel::guard {
+namespace {
+
+// What a window of `samples` samples may hold of a tail before it says anything: the odd
+// document, kScreenTailSamples of them or kScreenTailShare of the samples.
+int64_t fixed_tail_allowance(double samples) {
+  return std::max<int64_t>(kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * samples));
+}
+
+}  // namespace
 
 // Every masked step gets a `screen` event (the trainer adds the sample ids). A warning, with what
-// it saw and where to look, comes when the screen masks more than the natural tail explains
-// (kScreenTailSamples, kScreenTailShare) and it has not warned within median_window steps.
+// it saw and where to look, comes when the screen masks more than the natural tail explains (the
+// fixed allowance, and past it the run's own rate of masked samples outside incidents) and it has
+// not warned within median_window steps.
 void Guard::watch_screen(const StepSignals& s, Decision& d) {
   if (!s.screen_threshold) return;
-  screen_masked_.push(static_cast<double>(s.masked_losses.size()));
-  screen_samples_.push(static_cast<double>(s.samples));
+  const bool quiet_before =
+      last_screen_warn_step_ < 0 || s.step - last_screen_warn_step_ > cfg_.median_window;
+  screen_tail_.push(static_cast<double>(s.masked_losses.size()), static_cast<double>(s.samples),
+                    /*learn=*/s.step >= warmup_steps_ && !open_ && quiet_before);
   if (s.masked_losses.empty()) return;
   const double median = sample_losses_.median();
   const double worst = *std::max_element(s.masked_losses.begin(), s.masked_losses.end());
@@ -30,11 +42,9 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
                            {"max_loss", worst}};
   if (open_) detail["incident"] = open_->id;
   last_screen_step_ = s.step;
-  const auto masked_recently = static_cast<int64_t>(screen_masked_.sum());
-  const auto tail_allowance = std::max<int64_t>(
-      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * screen_samples_.sum()));
-  const bool quiet_before =
-      last_screen_warn_step_ < 0 || s.step - last_screen_warn_step_ > cfg_.median_window;
+  const auto masked_recently = static_cast<int64_t>(screen_tail_.recent_count());
+  const int64_t tail_allowance =
+      screen_tail_.allowance(fixed_tail_allowance(screen_tail_.recent_samples()));
   if (masked_recently > tail_allowance && quiet_before) {
     last_screen_warn_step_ = s.step;
     nlohmann::json warn = detail;
@@ -47,8 +57,8 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
         "per-sample loss {:.3f}; worst {:.3f}). They were left out of the update and set aside in "
         "quarantine.jsonl: look at those samples' source (a corrupt shard, a broken converter, one "
         "site's crawl)",
-        masked_recently, screen_masked_.size(), tail_allowance, s.masked_losses.size(), s.samples,
-        *s.screen_threshold, *s.screen_threshold / median, median, worst);
+        masked_recently, screen_tail_.recent_steps(), tail_allowance, s.masked_losses.size(),
+        s.samples, *s.screen_threshold, *s.screen_threshold / median, median, worst);
     d.events.push_back({EventKind::kWarn, std::move(warn), message});
     d.events.back().about_screened_samples = true;
   }
@@ -64,9 +74,8 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                                         "warn; quarantine masks them)";
   repeat_counts_.push(static_cast<double>(s.repeated));
   const auto repeated_recently = static_cast<int64_t>(repeat_counts_.sum());
-  const auto repeat_allowance = std::max<int64_t>(
-      kScreenTailSamples, static_cast<int64_t>(kScreenTailShare * static_cast<double>(s.samples) *
-                                               static_cast<double>(repeat_counts_.size())));
+  const int64_t repeat_allowance = fixed_tail_allowance(static_cast<double>(s.samples) *
+                                                        static_cast<double>(repeat_counts_.size()));
   if (s.repeated > 0 && repeated_recently > repeat_allowance &&
       (last_repeat_warn_step_ < 0 || s.step - last_repeat_warn_step_ >= cfg_.median_window)) {
     last_repeat_warn_step_ = s.step;
@@ -88,28 +97,13 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
   // While the lr ramps up the loss falls fast and the baseline lags behind it: not counted.
   const bool past_warmup = s.step >= warmup_steps_;
   const auto low_now = static_cast<double>(s.low_losses.size());
-  low_counts_.push(past_warmup ? low_now : 0.0);
-  if (past_warmup) {
-    low_long_counts_.push(low_now);
-    low_long_samples_.push(static_cast<double>(s.samples));
-  }
-  if (s.low_losses.empty() || !past_warmup) return;
-  const auto low_recently = static_cast<int64_t>(low_counts_.sum());
-  // The count this run's own low tail predicts for a window (its rate before this window, once
-  // that history spans two windows), and what a Poisson count of that mean passes with
-  // probability about 1e-4.
-  const double window_samples = screen_samples_.sum();
-  double lambda = 0.0;
-  if (low_long_samples_.size() >= 3 * cfg_.median_window) {
-    const double recent =
-        static_cast<double>(std::min(low_long_samples_.size(), cfg_.median_window) * s.samples);
-    lambda = std::max(low_long_counts_.sum() - low_counts_.sum(), 0.0) /
-             std::max(low_long_samples_.sum() - recent, 1.0) * window_samples;
-  }
-  const auto tail_allowance =
-      std::max<int64_t>(std::max<int64_t>(kScreenTailSamples,
-                                          static_cast<int64_t>(kScreenTailShare * window_samples)),
-                        static_cast<int64_t>(lambda + kLowRateZ * std::sqrt(lambda) + kLowRateZ));
+  low_tail_.push(past_warmup ? low_now : 0.0, static_cast<double>(s.samples),
+                 /*learn=*/past_warmup);
+  // Silent until the run knows its own low tail (a window after warmup).
+  if (s.low_losses.empty() || !past_warmup || !low_tail_.learned()) return;
+  const auto low_recently = static_cast<int64_t>(low_tail_.recent_count());
+  const int64_t tail_allowance =
+      low_tail_.allowance(fixed_tail_allowance(low_tail_.recent_samples()));
   const bool quiet_before =
       last_low_warn_step_ < 0 || s.step - last_low_warn_step_ > cfg_.median_window;
   if (low_recently <= tail_allowance || !quiet_before) return;
@@ -130,8 +124,8 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                    "per-sample loss {:.3f}; lowest this step {:.3f}), more than the {} a natural "
                    "tail explains: memorised or repeated documents. {}. Look at the named "
                    "samples' sources for near-duplicates",
-                   low_recently, low_counts_.size(), *s.low_threshold, *s.low_threshold / median,
-                   median, lowest, tail_allowance, fate)});
+                   low_recently, low_tail_.recent_steps(), *s.low_threshold,
+                   *s.low_threshold / median, median, lowest, tail_allowance, fate)});
   d.events.back().about_low_samples = true;
 }
 
@@ -169,18 +163,23 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
   // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
   // the warmup counts.
   const bool past_warmup = s.step >= warmup_steps_ + cfg_.median_window;
+  const double p = cfg_.clip_rate_warn;
+  const double bound =
+      p + kRateZ * std::sqrt(p * (1.0 - p) / static_cast<double>(cfg_.median_window));
   if (!s.overflow && may_warn() && past_warmup && clip_flags_.size() >= cfg_.median_window &&
-      clip_flags_.mean() > cfg_.clip_rate_warn) {
+      clip_flags_.mean() > bound) {
     const double rate = clip_flags_.mean();
-    warn({{"signal", "clip_rate"},
-          {"clip_rate", rate},
-          {"window", cfg_.median_window},
-          {"threshold", cfg_.clip_rate_warn}},
-         fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (warns "
-                     "above {:.0f} %): look at the data (a bad region raises every "
-                     "norm) or the schedule (lr too high for this batch); raising "
-                     "optim.grad_clip only hides it",
-                     rate * 100, cfg_.median_window, cfg_.clip_rate_warn * 100));
+    warn(
+        {{"signal", "clip_rate"},
+         {"clip_rate", rate},
+         {"window", cfg_.median_window},
+         {"threshold", cfg_.clip_rate_warn},
+         {"bound", bound}},
+        fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (above "
+                    "stability.clip_rate_warn {:.0f} % beyond a window's noise, {:.0f} %): look at "
+                    "the data (a bad region raises every norm) or the schedule (lr too high for "
+                    "this batch); raising optim.grad_clip only hides it",
+                    rate * 100, cfg_.median_window, p * 100, bound * 100));
   }
   // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
   // mean the gradients keep leaving fp16's range.
@@ -250,15 +249,26 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
     attention_trend_.assign(attention_std.size(), std::numeric_limits<double>::quiet_NaN());
     attention_drifting_.assign(attention_std.size(), 0);
   }
+  if (attention_deviation_.size() != attention_std.size())
+    attention_deviation_.assign(attention_std.size(), RunningWindow(kDriftWindow));
   for (size_t i = 0; i < attention_std.size(); ++i) {
     if (!(attention_std[i] > 0) || !std::isfinite(attention_std[i])) continue;
     const double value = std::log(attention_std[i]);
     double& trend = attention_trend_[i];
     if (!std::isfinite(trend)) trend = value;
-    const double factor = std::exp(std::abs(value - trend));
+    const double deviation = std::abs(value - trend);
+    const double factor = std::exp(deviation);
+    // The layer's own variability raises the bar above kAttentionDriftFactor, never lowers it.
+    RunningWindow& seen = attention_deviation_[i];
+    double bar = kAttentionDriftFactor;
+    if (seen.size() >= kDriftSamples)
+      bar = std::max(bar, std::exp(seen.median() + kDriftZ * 1.4826 * seen.mad()));
     int64_t& drifting = attention_drifting_[i];
-    drifting = past_warmup && factor > kAttentionDriftFactor ? drifting + 1 : 0;
-    if (may_warn && drift_settled && events.empty() && drifting >= kDriftPersistence) {
+    drifting = past_warmup && factor > bar ? drifting + 1 : 0;
+    if (drift_settled && drifting == 0) seen.push(deviation);
+    // Silent until the layer's own variability is known.
+    if (may_warn && drift_settled && seen.size() >= kDriftSamples && events.empty() &&
+        drifting >= kDriftPersistence) {
       last_periodic_warn_step_ = step;
       events.push_back({EventKind::kWarn,
                         {{"signal", "attention_drift"},
@@ -266,6 +276,7 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
                          {"attention_std", attention_std[i]},
                          {"trend", std::exp(trend)},
                          {"factor", factor},
+                         {"bar", bar},
                          {"log_steps", drifting}},
                         fmt::format("attention output of layer {} is {:.1f}x its trend for {} "
                                     "log steps: look for growing attention logits (lr, "

@@ -44,13 +44,10 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
                                          std::min(cfg.screen.min_samples, kMaxScreenWindow),
                                          kMaxScreenWindow)),
       warmup_steps_(std::max<int64_t>(warmup_steps, 0)),
-      screen_masked_(cfg.median_window),
-      screen_samples_(cfg.median_window),
+      screen_tail_(cfg.median_window, kTailRateWindows),
       scale_drops_(cfg.median_window),
       scale_log2_(kScaleTrendWindows * cfg.median_window),
-      low_counts_(cfg.median_window),
-      low_long_counts_(kLowRateWindows * cfg.median_window),
-      low_long_samples_(kLowRateWindows * cfg.median_window),
+      low_tail_(cfg.median_window, kTailRateWindows),
       repeat_counts_(cfg.median_window) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(

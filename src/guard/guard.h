@@ -247,6 +247,8 @@ class Guard {
   int64_t warmup_steps_;
   std::vector<double> attention_trend_;      // per layer: EMA of log(attention-output std)
   std::vector<int64_t> attention_drifting_;  // per layer: consecutive log steps off the trend
+  // Per layer: |log(std) - trend| at the settled log steps that did not drift (its variability).
+  std::vector<RunningWindow> attention_deviation_;
   int64_t consecutive_nan_ = 0;
   int64_t consecutive_overflow_ = 0;
   int64_t unapplied_in_a_row_ = 0;
@@ -259,14 +261,12 @@ class Guard {
   int64_t last_periodic_warn_step_ = -1;
   int64_t last_screen_step_ = -1;  // the last step the screen masked a sample in
   int64_t last_screen_warn_step_ = -1;
-  RunningWindow screen_masked_, screen_samples_;  // per step while the screen is on: masked, seen
+  TailRate screen_tail_;      // per step while the screen is on: samples masked, of those seen
   bool applied_any_ = false;  // fp16 start-up: overflows before the first update calibrate
   std::optional<double> last_loss_scale_;
   RunningWindow scale_drops_;
-  RunningWindow scale_log2_;  // fp16: log2 of the loss scale at every step after start-up
-  RunningWindow low_counts_;  // per step while the screen is on: samples below the low threshold
-  // The same over kLowRateWindows windows, with the samples seen: the run's own low-tail rate.
-  RunningWindow low_long_counts_, low_long_samples_;
+  RunningWindow scale_log2_;     // fp16: log2 of the loss scale at every step after start-up
+  TailRate low_tail_;            // per step while the screen is on: samples below the low threshold
   RunningWindow repeat_counts_;  // per step: samples repeating content seen under another id
   LossPeriodicity periodicity_;
   int64_t last_repeat_warn_step_ = -1;
@@ -294,8 +294,13 @@ inline constexpr int64_t kGradScaleShiftSkips = 3;
 // "The loss at its median": at most this factor above it.
 inline constexpr double kNormalLossRatio = 1.2;
 // Attention-output std this many times above or below its trend warns, after kDriftPersistence
-// log steps in a row (a lasting change, not one noisy reading).
+// log steps in a row (a lasting change, not one noisy reading); more where the layer's own
+// deviations from its trend (kDriftSamples log steps at least) put median + kDriftZ x 1.4826 x MAD
+// of |log(std) - trend| higher.
 inline constexpr double kAttentionDriftFactor = 3.0;
+inline constexpr int64_t kDriftSamples = 10;
+inline constexpr int64_t kDriftWindow = 50;
+inline constexpr double kDriftZ = 4.0;
 inline constexpr int64_t kDriftPersistence = 2;
 // Weight of the newest reading in the attention trend (per log step): slow enough that a jump
 // stands out, fast enough to follow the growth of healthy training.
@@ -325,12 +330,14 @@ inline constexpr int64_t kScaleDropsWarn = 3;
 // the scale fell 8x across the window without three drops ever coming close together.
 inline constexpr int64_t kScaleTrendWindows = 4;
 inline constexpr double kScaleTrendHalvings = 3.0;
-// Repeated data. Exact repeats warn past the screen's natural-tail allowance within median_window
-// steps (a corpus holds the odd duplicate window; a repeated shard brings many). Low samples warn
-// past the allowance and past the run's own low-tail rate, measured over kLowRateWindows windows:
-// more than lambda + kLowRateZ sqrt(lambda) + kLowRateZ in a window, where lambda is the count that
-// rate predicts (a Poisson count passes that with probability about 1e-4).
-inline constexpr int64_t kLowRateWindows = 10;
-inline constexpr double kLowRateZ = 4.0;
+// The screen's tail and the low side learn their own rate over up to kTailRateWindows windows
+// (TailRate): a window warns past the fixed allowance and past what that rate explains. The low
+// side is silent until it has learned its rate: a low tail is the corpus's own (near-duplicate
+// text), and a repeated set of documents is caught by its fingerprints from the first return.
+inline constexpr int64_t kTailRateWindows = 10;
+// The clip rate warns above stability.clip_rate_warn by more than the binomial noise of a window
+// of median_window steps: kRateZ standard deviations (one-sided, about 1e-4 when the true rate is
+// the threshold).
+inline constexpr double kRateZ = 3.72;
 
 }  // namespace keel::guard

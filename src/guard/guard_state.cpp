@@ -45,6 +45,8 @@ nlohmann::json Guard::state() const {
   for (const auto& w : layer_norms_) layers.push_back(w.state());
   nlohmann::json closed = nlohmann::json::array();
   for (const auto& i : closed_) closed.push_back(i.to_json());
+  nlohmann::json deviations = nlohmann::json::array();
+  for (const auto& w : attention_deviation_) deviations.push_back(w.state());
   return {{"grad_norms", grad_norms_.state()},
           {"losses", losses_.state()},
           {"clip_flags", clip_flags_.state()},
@@ -52,6 +54,7 @@ nlohmann::json Guard::state() const {
           {"sample_losses", sample_losses_.state()},
           {"attention_trend", attention_trend_},
           {"attention_drifting", attention_drifting_},
+          {"attention_deviation", deviations},
           {"consecutive_nan", consecutive_nan_},
           {"consecutive_overflow", consecutive_overflow_},
           {"unapplied_in_a_row", unapplied_in_a_row_},
@@ -64,15 +67,12 @@ nlohmann::json Guard::state() const {
           {"last_periodic_warn_step", last_periodic_warn_step_},
           {"last_screen_step", last_screen_step_},
           {"last_screen_warn_step", last_screen_warn_step_},
-          {"screen_masked", screen_masked_.state()},
-          {"screen_samples", screen_samples_.state()},
+          {"screen_tail", screen_tail_.state()},
           {"applied_any", applied_any_},
           {"last_loss_scale", last_loss_scale_ ? nlohmann::json(*last_loss_scale_) : nullptr},
           {"scale_drops", scale_drops_.state()},
           {"scale_log2", scale_log2_.state()},
-          {"low_counts", low_counts_.state()},
-          {"low_long_counts", low_long_counts_.state()},
-          {"low_long_samples", low_long_samples_.state()},
+          {"low_tail", low_tail_.state()},
           {"repeat_counts", repeat_counts_.state()},
           {"loss_periodicity", periodicity_.state()},
           {"last_repeat_warn_step", last_repeat_warn_step_},
@@ -100,6 +100,11 @@ void Guard::load_state(const nlohmann::json& st) {
   attention_drifting_ = st.value("attention_drifting", std::vector<int64_t>{});
   if (attention_drifting_.size() != attention_trend_.size())
     attention_drifting_.assign(attention_trend_.size(), 0);
+  attention_deviation_.clear();
+  for (const auto& w : st.value("attention_deviation", nlohmann::json::array())) {
+    attention_deviation_.emplace_back(kDriftWindow);
+    attention_deviation_.back().load_state(w);
+  }
   consecutive_nan_ = st.at("consecutive_nan").get<int64_t>();
   consecutive_overflow_ = st.value("consecutive_overflow", int64_t{0});
   unapplied_in_a_row_ = st.value("unapplied_in_a_row", int64_t{0});
@@ -112,12 +117,8 @@ void Guard::load_state(const nlohmann::json& st) {
   last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
   last_screen_step_ = st.value("last_screen_step", int64_t{-1});
   last_screen_warn_step_ = st.value("last_screen_warn_step", last_screen_step_);
-  screen_masked_.clear();
-  screen_samples_.clear();
-  if (st.contains("screen_masked")) {
-    screen_masked_.load_state(st.at("screen_masked"));
-    screen_samples_.load_state(st.at("screen_samples"));
-  }
+  screen_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
+  if (st.contains("screen_tail")) screen_tail_.load_state(st.at("screen_tail"));
   applied_any_ = st.value("applied_any", !grad_norms_.empty());
   last_loss_scale_.reset();
   if (auto it = st.find("last_loss_scale"); it != st.end() && it->is_number())
@@ -126,15 +127,9 @@ void Guard::load_state(const nlohmann::json& st) {
   if (st.contains("scale_drops")) scale_drops_.load_state(st.at("scale_drops"));
   scale_log2_.clear();
   if (st.contains("scale_log2")) scale_log2_.load_state(st.at("scale_log2"));
-  low_counts_.clear();
-  if (st.contains("low_counts")) low_counts_.load_state(st.at("low_counts"));
-  low_long_counts_.clear();
-  low_long_samples_.clear();
+  low_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
+  if (st.contains("low_tail")) low_tail_.load_state(st.at("low_tail"));
   repeat_counts_.clear();
-  if (st.contains("low_long_counts")) {
-    low_long_counts_.load_state(st.at("low_long_counts"));
-    low_long_samples_.load_state(st.at("low_long_samples"));
-  }
   if (st.contains("repeat_counts")) repeat_counts_.load_state(st.at("repeat_counts"));
   periodicity_.load_state(st.value("loss_periodicity", nlohmann::json::array()));
   last_repeat_warn_step_ = st.value("last_repeat_warn_step", int64_t{-1});

@@ -86,4 +86,47 @@ void RunningWindow::load_state(const nlohmann::json& state) {
   for (double v : state.at("values").get<std::vector<double>>()) push(v);
 }
 
+void TailRate::push(double count, double samples, bool learn) {
+  recent_.push_back({count, samples, learn});
+  if (static_cast<int64_t>(recent_.size()) <= window_) return;
+  const Step oldest = recent_.front();
+  recent_.pop_front();
+  if (!oldest.learn) return;
+  counts_.push(oldest.count);
+  samples_.push(oldest.samples);
+}
+
+double TailRate::recent_count() const {
+  double sum = 0.0;
+  for (const Step& s : recent_) sum += s.count;
+  return sum;
+}
+
+double TailRate::recent_samples() const {
+  double sum = 0.0;
+  for (const Step& s : recent_) sum += s.samples;
+  return sum;
+}
+
+int64_t TailRate::allowance(int64_t floor) const {
+  if (!learned()) return floor;
+  constexpr double kZ = 4.0;
+  const double lambda = counts_.sum() / std::max(samples_.sum(), 1.0) * recent_samples();
+  return std::max(floor, static_cast<int64_t>(lambda + kZ * std::sqrt(lambda) + kZ));
+}
+
+nlohmann::json TailRate::state() const {
+  nlohmann::json recent = nlohmann::json::array();
+  for (const Step& s : recent_) recent.push_back({s.count, s.samples, s.learn});
+  return {{"recent", recent}, {"counts", counts_.state()}, {"samples", samples_.state()}};
+}
+
+void TailRate::load_state(const nlohmann::json& state) {
+  recent_.clear();
+  for (const auto& s : state.at("recent"))
+    recent_.push_back({s.at(0).get<double>(), s.at(1).get<double>(), s.at(2).get<bool>()});
+  counts_.load_state(state.at("counts"));
+  samples_.load_state(state.at("samples"));
+}
+
 }  // namespace keel::guard

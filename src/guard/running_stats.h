@@ -43,4 +43,37 @@ class RunningWindow {
   std::deque<double> values_;
 };
 
+// The run's own rate of a tail of the per-sample losses (samples the screen masked, samples below
+// the low bound): the newest window's count, and the rate of the windows before it (up to
+// `windows` of them), from the steps allowed to teach it. A window is judged against the rate of
+// the windows before it, never against itself.
+class TailRate {
+ public:
+  TailRate(int64_t window, int64_t windows)
+      : window_(window < 1 ? 1 : window), counts_(window_ * windows), samples_(window_ * windows) {}
+  // One step: `count` of its `samples` in the tail; `learn`: whether it may teach the rate once it
+  // leaves the newest window (not in warmup, not during an incident).
+  void push(double count, double samples, bool learn);
+  double recent_count() const;
+  double recent_samples() const;
+  int64_t recent_steps() const { return static_cast<int64_t>(recent_.size()); }
+  // The rate has been taught by at least one whole window of steps.
+  bool learned() const { return samples_.size() >= window_; }
+  // What the newest window may hold: `floor`, and once the rate is learned, lambda + z sqrt(lambda)
+  // + z, lambda the count that rate predicts for the window (z = 4: a Poisson count passes it
+  // with probability about 1e-4).
+  int64_t allowance(int64_t floor) const;
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
+
+ private:
+  struct Step {
+    double count, samples;
+    bool learn;
+  };
+  int64_t window_;
+  std::deque<Step> recent_;
+  RunningWindow counts_, samples_;  // the steps that left the newest window and could teach
+};
+
 }  // namespace keel::guard

@@ -473,25 +473,33 @@ TEST(Guard, PromotionNeedsACleanWindowOutsideRecovery) {
   EXPECT_TRUE(g.promotable(36, 10, true));
 }
 
-TEST(Guard, ClipRateWarnsOncePerWindow) {
+// The clip rate warns above clip_rate_warn by more than a window's binomial noise: 3.72 standard
+// deviations, 0.5 + 3.72 x sqrt(0.25 / 20) = 92 % over a window of 20 steps.
+TEST(Guard, ClipRateWarnsOncePerWindowPastTheWindowsNoise) {
   auto cfg = test_config();
   cfg.clip_rate_warn = 0.5;
-  Guard g(cfg, {"a"});
-  int warns = 0;
-  std::string message;
-  for (int64_t s = 0; s <= 40; ++s) {
-    auto sig = signals(s, 1.0, 2.0, {1.0});
-    sig.clipped = s % 4 != 0;  // 75 % of steps clip
-    for (auto& e : g.observe(sig).events)
-      if (e.detail.value("signal", "") == "clip_rate") {
-        ++warns;
-        message = e.message;
-      }
+  for (const int64_t every : {4, 20}) {  // 75 % of steps clip (noise), then 95 %
+    Guard g(cfg, {"a"});
+    int warns = 0;
+    std::string message;
+    for (int64_t s = 0; s <= 40; ++s) {
+      auto sig = signals(s, 1.0, 2.0, {1.0});
+      sig.clipped = s % every != 0;
+      for (auto& e : g.observe(sig).events)
+        if (e.detail.value("signal", "") == "clip_rate") {
+          ++warns;
+          message = e.message;
+        }
+    }
+    if (every == 4) {
+      EXPECT_EQ(warns, 0) << message;
+      continue;
+    }
+    EXPECT_EQ(warns, 2);  // at step 20 and again a window later
+    // What it saw, against what, and where to look.
+    EXPECT_NE(message.find("95 % of the last 20 steps"), std::string::npos) << message;
+    EXPECT_NE(message.find("look at the data"), std::string::npos) << message;
   }
-  EXPECT_EQ(warns, 2);  // at step 20 and again a window later
-  // What it saw, against what, and where to look.
-  EXPECT_NE(message.find("75 % of the last 20 steps"), std::string::npos) << message;
-  EXPECT_NE(message.find("look at the data"), std::string::npos) << message;
 }
 
 // Clipping during warmup is by design: the window must lie wholly after it before rates count.
@@ -592,6 +600,49 @@ TEST(Guard, AttentionDriftFollowsTheTrendAndWarnsOnALastingJump) {
   for (int64_t s = 10; s < 500; s += 10)
     warns += drift_warns(early.observe_periodic(s, {}, {s < 200 ? 0.05 : 0.5}));
   EXPECT_EQ(warns, 0) << "no drift warning while the lr ramps up";
+}
+
+// A layer whose attention output naturally jumps 5x for two log steps in every six (the fixed 3x
+// bar alone warns at each pair) raises its bar to about 13x from its own deviations, and is
+// silent until it knows them; a jump far past its variability still warns.
+TEST(Guard, AttentionDriftBarFollowsTheLayersOwnVariability) {
+  Guard g(test_config(), {"a"}, /*warmup_steps=*/20);
+  auto drift_warns = [](const std::vector<GuardEvent>& events) {
+    int n = 0;
+    for (const auto& e : events) n += e.detail.value("signal", "") == "attention_drift";
+    return n;
+  };
+  int warns = 0;
+  int64_t step = 10;
+  for (int i = 0; i < 200; ++i, step += 10) {
+    const double jumpy[] = {1.0, 1.0, 1.0, 1.0, 5.0, 5.0};
+    warns += drift_warns(g.observe_periodic(step, {}, {0.1 * jumpy[i % 6]}));
+  }
+  EXPECT_EQ(warns, 0);
+  int64_t warned_at = -1;
+  for (int i = 0; i < 6 && warned_at < 0; ++i, step += 10)
+    if (drift_warns(g.observe_periodic(step, {}, {0.1 * 200})) > 0) warned_at = i;
+  EXPECT_EQ(warned_at, kDriftPersistence - 1);
+}
+
+// TailRate judges the newest window against the rate of the windows before it.
+TEST(TailRate, AllowanceFromTheRateOfEarlierWindows) {
+  TailRate t(/*window=*/10, /*windows=*/4);
+  for (int i = 0; i < 10; ++i) t.push(1.0, 10.0, /*learn=*/true);  // 10 % in the tail
+  EXPECT_FALSE(t.learned());
+  EXPECT_EQ(t.allowance(4), 4);
+  EXPECT_DOUBLE_EQ(t.recent_count(), 10.0);
+  for (int i = 0; i < 10; ++i) t.push(0.0, 10.0, /*learn=*/false);  // not taught: an incident
+  EXPECT_TRUE(t.learned());
+  EXPECT_DOUBLE_EQ(t.recent_count(), 0.0);
+  // lambda = 0.1 x 100 samples = 10: 10 + 4 x sqrt(10) + 4 = 26.6.
+  EXPECT_EQ(t.allowance(4), 26);
+  for (int i = 0; i < 10; ++i) t.push(0.0, 10.0, true);  // the untaught window left: rate unchanged
+  EXPECT_EQ(t.allowance(4), 26);
+  TailRate back(10, 4);
+  back.load_state(nlohmann::json::parse(t.state().dump()));
+  EXPECT_EQ(back.allowance(4), 26);
+  EXPECT_EQ(back.recent_steps(), 10);
 }
 
 TEST(Guard, StateRoundTrips) {
