@@ -116,11 +116,24 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def train(keel, run_dir, sets, config=None):
+def finished_run(run_dir):
+    """The exit code of a run already in run_dir (--reuse): 0 at its run_end, 3 at an abort."""
+    events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
+    if any(e["kind"] == "run_end" for e in events):
+        return 0
+    return 3 if any(e["kind"] == "abort" for e in events) else None
+
+
+def train(keel, run_dir, sets, config=None, reuse=False):
     cmd = [keel, "train"] + ([config] if config else []) + ["--run-dir", run_dir]
     for s in MEASURE + sets:
         cmd += ["--set", s]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code = finished_run(run_dir) if reuse and os.path.isdir(run_dir) else None
+    if code is not None:
+        proc = subprocess.CompletedProcess(cmd, code, stdout="(reused)")
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
     evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     end = next((e for e in events if e["kind"] == "run_end"), None)
@@ -341,10 +354,13 @@ def main():
     ap.add_argument("--fortunes-steps", type=int, default=300)
     ap.add_argument("--false-alarm-configs", nargs="*", default=list(FALSE_ALARM_CONFIGS))
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--reuse", metavar="DIR",
+                    help="work in DIR (kept by an earlier --keep) and read the runs that finished "
+                         "there instead of training them again (implies --keep)")
     args = ap.parse_args()
     parts = args.only or ALL_PARTS
     keel = os.path.abspath(args.keel)
-    work = tempfile.mkdtemp(prefix="keel_stability_")
+    work = args.reuse or tempfile.mkdtemp(prefix="keel_stability_")
     checks = []  # (name, passed, detail)
 
     def check(name, passed, detail):
@@ -354,7 +370,7 @@ def main():
     def go(name, sets, config=None):
         print(f"-- {name}", file=sys.stderr, flush=True)
         r = train(keel, os.path.join(work, name.replace("/", "_").replace("%", "pct")), sets,
-                  config)
+                  config, reuse=bool(args.reuse))
         print(f"   exit {r['exit']} val {fmt_val(r['final_val'])} rollbacks {r['rollbacks']} "
               f"screened {r['screened']} {story(r)}", file=sys.stderr, flush=True)
         return r
@@ -388,7 +404,7 @@ def main():
             code = prepare_code(keel, work)
             sections.append(false_alarm_section(go, check, fortunes, code, args, raw))
     finally:
-        if args.keep:
+        if args.keep or args.reuse:
             print(f"run directories kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)

@@ -113,7 +113,7 @@ Config resolve_auto(Config c, std::optional<int64_t> data_vocab_size) {
   c.schedule.warmup_steps = warmup_steps(c.schedule, c.run.max_steps);
   c.stability.recovery.steps = recovery_steps(c.stability, c.run.max_steps);
   c.stability.rollback.stuck_steps = stuck_steps(c.stability.rollback, c.run.max_steps);
-  c.data.grad_accum_max = grad_accum_max(c.data);
+  if (c.data.grad_accum == GradAccum::kDynamic) c.data.grad_accum_max = grad_accum_max(c.data);
   if (c.logging.tensorboard_every_steps == kAuto)
     c.logging.tensorboard_every_steps = std::max<int64_t>(c.logging.every_steps, 1);
   return c;

@@ -47,6 +47,7 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
       screen_tail_.allowance(fixed_tail_allowance(screen_tail_.recent_samples()));
   if (masked_recently > tail_allowance && quiet_before) {
     last_screen_warn_step_ = s.step;
+    screen_tail_.forget_recent();
     nlohmann::json warn = detail;
     warn["signal"] = "screen";
     warn["masked_recently"] = masked_recently;
@@ -73,9 +74,9 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                                       : "As repeats they were left in (stability.screen.low: "
                                         "warn; quarantine masks them)";
   repeat_counts_.push(static_cast<double>(s.repeated));
+  repeat_samples_.push(static_cast<double>(s.samples));  // steps differ with dynamic accumulation
   const auto repeated_recently = static_cast<int64_t>(repeat_counts_.sum());
-  const int64_t repeat_allowance = fixed_tail_allowance(static_cast<double>(s.samples) *
-                                                        static_cast<double>(repeat_counts_.size()));
+  const int64_t repeat_allowance = fixed_tail_allowance(repeat_samples_.sum());
   if (s.repeated > 0 && repeated_recently > repeat_allowance &&
       (last_repeat_warn_step_ < 0 || s.step - last_repeat_warn_step_ >= cfg_.median_window)) {
     last_repeat_warn_step_ = s.step;
@@ -97,17 +98,19 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
   // While the lr ramps up the loss falls fast and the baseline lags behind it: not counted.
   const bool past_warmup = s.step >= warmup_steps_;
   const auto low_now = static_cast<double>(s.low_losses.size());
+  const bool quiet_before =
+      last_low_warn_step_ < 0 || s.step - last_low_warn_step_ > cfg_.median_window;
   low_tail_.push(past_warmup ? low_now : 0.0, static_cast<double>(s.samples),
-                 /*learn=*/past_warmup);
-  // Silent until the run knows its own low tail (a window after warmup).
+                 /*learn=*/past_warmup && !open_ && quiet_before);
+  // Silent until the run knows its own low tail (two windows after warmup: one to teach it, and
+  // the newest, judged against it).
   if (s.low_losses.empty() || !past_warmup || !low_tail_.learned()) return;
   const auto low_recently = static_cast<int64_t>(low_tail_.recent_count());
   const int64_t tail_allowance =
       low_tail_.allowance(fixed_tail_allowance(low_tail_.recent_samples()));
-  const bool quiet_before =
-      last_low_warn_step_ < 0 || s.step - last_low_warn_step_ > cfg_.median_window;
   if (low_recently <= tail_allowance || !quiet_before) return;
   last_low_warn_step_ = s.step;
+  low_tail_.forget_recent();
   const double median = sample_losses_.median();
   const double lowest = *std::min_element(s.low_losses.begin(), s.low_losses.end());
   d.events.push_back(

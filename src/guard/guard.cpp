@@ -48,7 +48,8 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       scale_drops_(cfg.median_window),
       scale_log2_(kScaleTrendWindows * cfg.median_window),
       low_tail_(cfg.median_window, kTailRateWindows),
-      repeat_counts_(cfg.median_window) {
+      repeat_counts_(cfg.median_window),
+      repeat_samples_(cfg.median_window) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(
         "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");
@@ -399,11 +400,14 @@ Decision Guard::observe(const StepSignals& s) {
   a.loss_recent = losses_.median_of_last(kLossRecentSteps);
   const bool loss_jump = baseline && a.loss_recent > 0 && s.loss > kLossJumpRatio * a.loss_recent &&
                          s.loss > a.loss_recent + kLossJumpZ * losses_.difference_sigma();
-  const bool loss_pause =
-      (cfg_.loss_alarm_factor > 0 && a.loss_ratio > cfg_.loss_alarm_factor) || loss_jump;
+  // In warmup a jump warns and loss_alarm_factor still pauses. Measured on clean text: Adam's
+  // young second moments let one update raise the loss 1.7x, and the next (clipped) update takes
+  // it back; an unprotected run recovers in one step and ends better than one rolled back.
+  const bool loss_pause = (cfg_.loss_alarm_factor > 0 && a.loss_ratio > cfg_.loss_alarm_factor) ||
+                          (loss_jump && s.step >= warmup_steps_);
   // Every pause is preceded by a warn that carries the diagnosis, also when only the loss
   // alarmed: garbage data can raise the loss far more than the clipped-scale gradient norm.
-  if (a.norm_ratio > cfg_.warn_factor || loss_pause) {
+  if (a.norm_ratio > cfg_.warn_factor || loss_pause || loss_jump) {
     note_alarm(s.step);
     d.events.push_back(alarm_warn(s, a));
   }

@@ -268,6 +268,7 @@ class Guard {
   RunningWindow scale_log2_;     // fp16: log2 of the loss scale at every step after start-up
   TailRate low_tail_;            // per step while the screen is on: samples below the low threshold
   RunningWindow repeat_counts_;  // per step: samples repeating content seen under another id
+  RunningWindow repeat_samples_;  // per step: samples seen
   LossPeriodicity periodicity_;
   int64_t last_repeat_warn_step_ = -1;
   int64_t last_low_warn_step_ = -1;

@@ -88,12 +88,19 @@ void RunningWindow::load_state(const nlohmann::json& state) {
 
 void TailRate::push(double count, double samples, bool learn) {
   recent_.push_back({count, samples, learn});
-  if (static_cast<int64_t>(recent_.size()) <= window_) return;
-  const Step oldest = recent_.front();
-  recent_.pop_front();
-  if (!oldest.learn) return;
-  counts_.push(oldest.count);
-  samples_.push(oldest.samples);
+  retire_beyond_window();
+}
+
+// The steps past the newest window (one per push; several after a load into a shorter window)
+// teach the rate when they may.
+void TailRate::retire_beyond_window() {
+  while (static_cast<int64_t>(recent_.size()) > window_) {
+    const Step oldest = recent_.front();
+    recent_.pop_front();
+    if (!oldest.learn) continue;
+    counts_.push(oldest.count);
+    samples_.push(oldest.samples);
+  }
 }
 
 double TailRate::recent_count() const {
@@ -127,6 +134,7 @@ void TailRate::load_state(const nlohmann::json& state) {
     recent_.push_back({s.at(0).get<double>(), s.at(1).get<double>(), s.at(2).get<bool>()});
   counts_.load_state(state.at("counts"));
   samples_.load_state(state.at("samples"));
+  retire_beyond_window();  // a resume with a shorter median_window
 }
 
 }  // namespace keel::guard

@@ -63,6 +63,11 @@ class TailRate {
   // + z, lambda the count that rate predicts for the window (z = 4: a Poisson count passes it
   // with probability about 1e-4).
   int64_t allowance(int64_t floor) const;
+  // The newest window warned: none of it may teach the rate (a bad source must not teach the
+  // bar that flags it to rise).
+  void forget_recent() {
+    for (Step& s : recent_) s.learn = false;
+  }
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 
@@ -71,6 +76,7 @@ class TailRate {
     double count, samples;
     bool learn;
   };
+  void retire_beyond_window();
   int64_t window_;
   std::deque<Step> recent_;
   RunningWindow counts_, samples_;  // the steps that left the newest window and could teach

@@ -115,6 +115,18 @@ TEST(Guard, ASteadyLossThatJumpsAlarms) {
   EXPECT_EQ(noisy.observe(signals(20, 1.0, 4.0, {1.0})).action, Action::kApply);  // 1.6x, 3 sigmas
 }
 
+// In warmup the same jump only warns (one update of a young Adam can raise the loss 1.7x, and the
+// next takes it back); past loss_alarm_factor (3x) it still pauses.
+TEST(Guard, ALossJumpInWarmupWarnsAndThreeTimesTheMedianStillPauses) {
+  Guard g(test_config(), {"a"}, /*warmup_steps=*/40);
+  for (int64_t i = 0; i < 20; ++i) g.observe(signals(i, 1.0, 2.0 + 0.01 * (i % 3), {1.0}));
+  auto d = g.observe(signals(20, 1.0, 3.2, {1.0}));
+  EXPECT_EQ(d.action, Action::kApply);
+  ASSERT_EQ(kinds(d), (std::vector<std::string>{"warn"}));
+  EXPECT_EQ(d.events[0].detail["alarm"], "loss");
+  EXPECT_EQ(g.observe(signals(21, 1.0, 6.5, {1.0})).action, Action::kPause);  // 3.2x the median
+}
+
 TEST(Guard, SpikesDoNotPoisonTheirBaseline) {
   Guard g(test_config(), {"a"});
   int64_t step = warm(g);
@@ -643,6 +655,22 @@ TEST(TailRate, AllowanceFromTheRateOfEarlierWindows) {
   back.load_state(nlohmann::json::parse(t.state().dump()));
   EXPECT_EQ(back.allowance(4), 26);
   EXPECT_EQ(back.recent_steps(), 10);
+  // Resumed with a shorter window: the steps beyond it retire (and teach) at once.
+  TailRate shorter(5, 4);
+  shorter.load_state(nlohmann::json::parse(t.state().dump()));
+  EXPECT_EQ(shorter.recent_steps(), 5);
+}
+
+// A window that warned never teaches the rate: a bad source cannot raise the bar that flags it.
+TEST(TailRate, AWarnedWindowDoesNotTeachTheRate) {
+  TailRate t(10, 4);
+  for (int i = 0; i < 20; ++i) t.push(0.0, 10.0, true);
+  ASSERT_TRUE(t.learned());
+  EXPECT_EQ(t.allowance(4), 4);                          // lambda 0: 0 + 0 + 4
+  for (int i = 0; i < 10; ++i) t.push(5.0, 10.0, true);  // half the samples in the tail
+  t.forget_recent();
+  for (int i = 0; i < 10; ++i) t.push(0.0, 10.0, true);
+  EXPECT_EQ(t.allowance(4), 4);
 }
 
 TEST(Guard, StateRoundTrips) {
