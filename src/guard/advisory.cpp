@@ -73,10 +73,10 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                                         "quarantine.jsonl"
                                       : "As repeats they were left in (stability.screen.low: "
                                         "warn; quarantine masks them)";
-  repeat_counts_.push(static_cast<double>(s.repeated));
-  repeat_samples_.push(static_cast<double>(s.samples));  // steps differ with dynamic accumulation
-  const auto repeated_recently = static_cast<int64_t>(repeat_counts_.sum());
-  const int64_t repeat_allowance = fixed_tail_allowance(repeat_samples_.sum());
+  repeat_tail_.push(static_cast<double>(s.repeated), static_cast<double>(s.samples),
+                    /*learn=*/false);
+  const auto repeated_recently = static_cast<int64_t>(repeat_tail_.recent_count());
+  const int64_t repeat_allowance = fixed_tail_allowance(repeat_tail_.recent_samples());
   if (s.repeated > 0 && repeated_recently > repeat_allowance &&
       (last_repeat_warn_step_ < 0 || s.step - last_repeat_warn_step_ >= cfg_.median_window)) {
     last_repeat_warn_step_ = s.step;

@@ -48,8 +48,7 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       scale_drops_(cfg.median_window),
       scale_log2_(kScaleTrendWindows * cfg.median_window),
       low_tail_(cfg.median_window, kTailRateWindows),
-      repeat_counts_(cfg.median_window),
-      repeat_samples_(cfg.median_window) {
+      repeat_tail_(cfg.median_window, 1) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(
         "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");

@@ -265,10 +265,11 @@ class Guard {
   bool applied_any_ = false;  // fp16 start-up: overflows before the first update calibrate
   std::optional<double> last_loss_scale_;
   RunningWindow scale_drops_;
-  RunningWindow scale_log2_;     // fp16: log2 of the loss scale at every step after start-up
-  TailRate low_tail_;            // per step while the screen is on: samples below the low threshold
-  RunningWindow repeat_counts_;  // per step: samples repeating content seen under another id
-  RunningWindow repeat_samples_;  // per step: samples seen
+  RunningWindow scale_log2_;  // fp16: log2 of the loss scale at every step after start-up
+  TailRate low_tail_;         // per step while the screen is on: samples below the low threshold
+  // Per step: samples repeating content seen under another id, of those seen. It never learns a
+  // rate: past the fixed allowance, repeats are news however often they came before.
+  TailRate repeat_tail_;
   LossPeriodicity periodicity_;
   int64_t last_repeat_warn_step_ = -1;
   int64_t last_low_warn_step_ = -1;

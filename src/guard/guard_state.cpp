@@ -73,8 +73,7 @@ nlohmann::json Guard::state() const {
           {"scale_drops", scale_drops_.state()},
           {"scale_log2", scale_log2_.state()},
           {"low_tail", low_tail_.state()},
-          {"repeat_counts", repeat_counts_.state()},
-          {"repeat_samples", repeat_samples_.state()},
+          {"repeat_tail", repeat_tail_.state()},
           {"loss_periodicity", periodicity_.state()},
           {"last_repeat_warn_step", last_repeat_warn_step_},
           {"last_low_warn_step", last_low_warn_step_},
@@ -130,10 +129,8 @@ void Guard::load_state(const nlohmann::json& st) {
   if (st.contains("scale_log2")) scale_log2_.load_state(st.at("scale_log2"));
   low_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
   if (st.contains("low_tail")) low_tail_.load_state(st.at("low_tail"));
-  repeat_counts_.clear();
-  if (st.contains("repeat_counts")) repeat_counts_.load_state(st.at("repeat_counts"));
-  repeat_samples_.clear();
-  if (st.contains("repeat_samples")) repeat_samples_.load_state(st.at("repeat_samples"));
+  repeat_tail_ = TailRate(cfg_.median_window, 1);
+  if (st.contains("repeat_tail")) repeat_tail_.load_state(st.at("repeat_tail"));
   periodicity_.load_state(st.value("loss_periodicity", nlohmann::json::array()));
   last_repeat_warn_step_ = st.value("last_repeat_warn_step", int64_t{-1});
   last_low_warn_step_ = st.value("last_low_warn_step", int64_t{-1});

@@ -57,6 +57,13 @@ int64_t warm(Guard& g, int64_t n = 20) {
   return n;
 }
 
+// The attention_drift warnings among observe_periodic's events.
+int drift_warns(const std::vector<GuardEvent>& events) {
+  int n = 0;
+  for (const auto& e : events) n += e.detail.value("signal", "") == "attention_drift";
+  return n;
+}
+
 std::vector<std::string> kinds(const Decision& d) {
   std::vector<std::string> k;
   for (auto& e : d.events) k.push_back(name_of(e.kind));
@@ -588,11 +595,6 @@ TEST(Guard, AGradNormLevelThatPersistsAcrossBatchesIsTheModelNotTheData) {
 // that lasts warns after kDriftPersistence log steps, and nothing warns during warmup.
 TEST(Guard, AttentionDriftFollowsTheTrendAndWarnsOnALastingJump) {
   Guard g(test_config(), {"a"}, /*warmup_steps=*/50);
-  auto drift_warns = [](const std::vector<GuardEvent>& events) {
-    int n = 0;
-    for (const auto& e : events) n += e.detail.value("signal", "") == "attention_drift";
-    return n;
-  };
   double std_value = 0.05;
   int warns = 0;
   int64_t step = 10;
@@ -619,11 +621,6 @@ TEST(Guard, AttentionDriftFollowsTheTrendAndWarnsOnALastingJump) {
 // silent until it knows them; a jump far past its variability still warns.
 TEST(Guard, AttentionDriftBarFollowsTheLayersOwnVariability) {
   Guard g(test_config(), {"a"}, /*warmup_steps=*/20);
-  auto drift_warns = [](const std::vector<GuardEvent>& events) {
-    int n = 0;
-    for (const auto& e : events) n += e.detail.value("signal", "") == "attention_drift";
-    return n;
-  };
   int warns = 0;
   int64_t step = 10;
   for (int i = 0; i < 200; ++i, step += 10) {
