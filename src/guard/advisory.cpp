@@ -163,26 +163,30 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
     d.events.push_back({EventKind::kWarn, std::move(detail), std::move(message)});
     last_rate_warn_step_ = s.step;
   };
-  // Clipping fires often while the lr ramps up, by design: only a window that lies wholly after
-  // the warmup counts.
-  const bool past_warmup = s.step >= warmup_steps_ + cfg_.median_window;
+  // Clipping fires often while the lr ramps up, by design: only steps after the warmup teach the
+  // run's clip rate, and the newest window is judged once a whole window has taught it.
   const double p = cfg_.clip_rate_warn;
-  const double bound =
-      p + kRateZ * std::sqrt(p * (1.0 - p) / static_cast<double>(cfg_.median_window));
-  if (!s.overflow && may_warn() && past_warmup && clip_flags_.size() >= cfg_.median_window &&
-      clip_flags_.mean() > bound) {
-    const double rate = clip_flags_.mean();
-    warn(
-        {{"signal", "clip_rate"},
-         {"clip_rate", rate},
-         {"window", cfg_.median_window},
-         {"threshold", cfg_.clip_rate_warn},
-         {"bound", bound}},
-        fmt::format("gradient clipping fired on {:.0f} % of the last {} steps (above "
-                    "stability.clip_rate_warn {:.0f} % beyond a window's noise, {:.0f} %): look at "
-                    "the data (a bad region raises every norm) or the schedule (lr too high for "
-                    "this batch); raising optim.grad_clip only hides it",
-                    rate * 100, cfg_.median_window, p * 100, bound * 100));
+  const auto window = static_cast<double>(cfg_.median_window);
+  const double bound = p + kRateZ * std::sqrt(p * (1.0 - p) / window);
+  const auto clipped = static_cast<int64_t>(clip_tail_.recent_count());
+  const int64_t allowance = clip_tail_.allowance(static_cast<int64_t>(bound * window));
+  if (!s.overflow && may_warn() && clip_tail_.learned() &&
+      clip_tail_.recent_steps() >= cfg_.median_window && clipped > allowance) {
+    const double rate = static_cast<double>(clipped) / window;
+    last_clip_warn_step_ = s.step;
+    clip_tail_.forget_recent();
+    warn({{"signal", "clip_rate"},
+          {"clip_rate", rate},
+          {"window", cfg_.median_window},
+          {"threshold", cfg_.clip_rate_warn},
+          {"bound", bound},
+          {"learned_rate", clip_tail_.rate()},
+          {"allowance", allowance}},
+         fmt::format("gradient clipping fired on {} of the last {} steps, more than the {} that "
+                     "stability.clip_rate_warn {:.0f} % and this run's own clip rate since warmup "
+                     "({:.0f} %) explain: look at the data (a bad region raises every norm) or the "
+                     "schedule (lr too high for this batch); raising optim.grad_clip only hides it",
+                     clipped, cfg_.median_window, allowance, p * 100, clip_tail_.rate() * 100));
   }
   // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
   // mean the gradients keep leaving fp16's range.

@@ -38,7 +38,7 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       layer_names_(std::move(layer_names)),
       grad_norms_(cfg.median_window),
       losses_(cfg.median_window),
-      clip_flags_(cfg.median_window),
+      clip_tail_(cfg.median_window, kTailRateWindows),
       layer_norms_(layer_names_.size(), RunningWindow(cfg.median_window)),
       sample_losses_(std::clamp<int64_t>(cfg.median_window * std::max<int64_t>(samples_per_step, 1),
                                          std::min(cfg.screen.min_samples, kMaxScreenWindow),
@@ -263,7 +263,10 @@ void Guard::absorb(const StepSignals& s) {
   applied_any_ = true;
   grad_norms_.push(s.grad_norm);
   losses_.push(s.loss);
-  clip_flags_.push(s.clipped ? 1.0 : 0.0);
+  const bool clip_quiet =
+      last_clip_warn_step_ < 0 || s.step - last_clip_warn_step_ > cfg_.median_window;
+  clip_tail_.push(s.clipped ? 1.0 : 0.0, 1.0,
+                  /*learn=*/s.step >= warmup_steps_ && !open_ && clip_quiet);
   for (size_t i = 0; i < s.layer_grad_norms.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].push(s.layer_grad_norms[i]);
   for (double v : s.kept_losses)  // low ones (repeated, memorised) would drag the baseline down
@@ -449,7 +452,8 @@ void Guard::rolled_back(int64_t step, const nlohmann::json& snapshot_state) {
   if (snapshot_state.is_object()) {
     grad_norms_.load_state(snapshot_state.at("grad_norms"));
     losses_.load_state(snapshot_state.at("losses"));
-    clip_flags_.load_state(snapshot_state.at("clip_flags"));
+    clip_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
+    if (snapshot_state.contains("clip_tail")) clip_tail_.load_state(snapshot_state.at("clip_tail"));
     const auto& layers = snapshot_state.at("layer_norms");
     for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
       layer_norms_[i].load_state(layers[i]);

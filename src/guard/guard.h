@@ -241,7 +241,9 @@ class Guard {
 
   config::StabilityConfig cfg_;
   std::vector<std::string> layer_names_;
-  RunningWindow grad_norms_, losses_, clip_flags_;
+  RunningWindow grad_norms_, losses_;
+  // Per applied step: clipped or not. It learns the run's own clip rate after warmup.
+  TailRate clip_tail_;
   std::vector<RunningWindow> layer_norms_;
   RunningWindow sample_losses_;  // kept samples' losses: the screen's baseline
   int64_t warmup_steps_;
@@ -258,6 +260,7 @@ class Guard {
   bool recovery_announced_ = true;
   int64_t last_alarm_step_ = -1;
   int64_t last_rate_warn_step_ = -1;
+  int64_t last_clip_warn_step_ = -1;
   int64_t last_periodic_warn_step_ = -1;
   int64_t last_screen_step_ = -1;  // the last step the screen masked a sample in
   int64_t last_screen_warn_step_ = -1;
@@ -338,8 +341,10 @@ inline constexpr double kScaleTrendHalvings = 3.0;
 // text), and a repeated set of documents is caught by its fingerprints from the first return.
 inline constexpr int64_t kTailRateWindows = 10;
 // The clip rate warns above stability.clip_rate_warn by more than the binomial noise of a window
-// of median_window steps: kRateZ standard deviations (one-sided, about 1e-4 when the true rate is
-// the threshold).
+// of median_window steps (kRateZ standard deviations, one-sided: about 1e-4 when the true rate is
+// the threshold), and above what the run's own clip rate since warmup explains (TailRate). It is
+// silent until it has learned that rate: how often a run clips is its setup's (lr, batch,
+// grad_clip, corpus); a rise from there is news.
 inline constexpr double kRateZ = 3.72;
 
 }  // namespace keel::guard

@@ -49,7 +49,7 @@ nlohmann::json Guard::state() const {
   for (const auto& w : attention_deviation_) deviations.push_back(w.state());
   return {{"grad_norms", grad_norms_.state()},
           {"losses", losses_.state()},
-          {"clip_flags", clip_flags_.state()},
+          {"clip_tail", clip_tail_.state()},
           {"layer_norms", layers},
           {"sample_losses", sample_losses_.state()},
           {"attention_trend", attention_trend_},
@@ -64,6 +64,7 @@ nlohmann::json Guard::state() const {
           {"recovery_announced", recovery_announced_},
           {"last_alarm_step", last_alarm_step_},
           {"last_rate_warn_step", last_rate_warn_step_},
+          {"last_clip_warn_step", last_clip_warn_step_},
           {"last_periodic_warn_step", last_periodic_warn_step_},
           {"last_screen_step", last_screen_step_},
           {"last_screen_warn_step", last_screen_warn_step_},
@@ -86,7 +87,9 @@ nlohmann::json Guard::state() const {
 void Guard::load_state(const nlohmann::json& st) {
   grad_norms_.load_state(st.at("grad_norms"));
   losses_.load_state(st.at("losses"));
-  clip_flags_.load_state(st.at("clip_flags"));
+  // A checkpoint from before the clip rate learned its level (clip_flags) starts it afresh.
+  clip_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
+  if (st.contains("clip_tail")) clip_tail_.load_state(st.at("clip_tail"));
   const auto& layers = st.at("layer_norms");
   for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
     layer_norms_[i].load_state(layers[i]);
@@ -114,6 +117,7 @@ void Guard::load_state(const nlohmann::json& st) {
   recovery_announced_ = st.at("recovery_announced").get<bool>();
   last_alarm_step_ = st.at("last_alarm_step").get<int64_t>();
   last_rate_warn_step_ = st.value("last_rate_warn_step", int64_t{-1});
+  last_clip_warn_step_ = st.value("last_clip_warn_step", int64_t{-1});
   last_periodic_warn_step_ = st.value("last_periodic_warn_step", int64_t{-1});
   last_screen_step_ = st.value("last_screen_step", int64_t{-1});
   last_screen_warn_step_ = st.value("last_screen_warn_step", last_screen_step_);

@@ -118,7 +118,7 @@ double TailRate::recent_samples() const {
 int64_t TailRate::allowance(int64_t floor) const {
   if (!learned()) return floor;
   constexpr double kZ = 4.0;
-  const double lambda = counts_.sum() / std::max(samples_.sum(), 1.0) * recent_samples();
+  const double lambda = rate() * recent_samples();
   return std::max(floor, static_cast<int64_t>(lambda + kZ * std::sqrt(lambda) + kZ));
 }
 

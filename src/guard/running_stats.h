@@ -3,6 +3,7 @@
 // live on the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -57,6 +58,8 @@ class TailRate {
   double recent_count() const;
   double recent_samples() const;
   int64_t recent_steps() const { return static_cast<int64_t>(recent_.size()); }
+  // The rate taught so far (tail count per sample; 0 before any step taught it).
+  double rate() const { return counts_.sum() / std::max(samples_.sum(), 1.0); }
   // The rate has been taught by at least one whole window of steps.
   bool learned() const { return samples_.size() >= window_; }
   // What the newest window may hold: `floor`, and once the rate is learned, lambda + z sqrt(lambda)
