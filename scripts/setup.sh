@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything keel builds against, idempotently:
 #   - Debian packages (compiler toolchain, yaml-cpp, CLI11, spdlog/fmt, GoogleTest, nlohmann-json,
-#     xxHash, SentencePiece, zstd, ccache, fortunes corpus; Slurm and munge, whose daemons
+#     xxHash, SentencePiece, PCRE2 and utf8proc (Hugging Face tokenizer.json), zstd, ccache, fortunes corpus; Slurm and munge, whose daemons
 #     tests/integration/slurm_test.cpp starts as a one-node cluster);
 #   - LibTorch from the pinned `torch` wheel into a per-user cache shared by every clone
 #     ($KEEL_CACHE, default ~/.cache/keel), so a fresh clone never downloads it again.
@@ -22,7 +22,7 @@ VENV="$CACHE/torch-$TORCH_VERSION"
 DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config python3-venv
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libzstd-dev zlib1g-dev zstd fortunes
+  nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev zlib1g-dev zstd fortunes
   clang-format chromium-headless-shell
   slurmd slurmctld slurm-client munge
 )

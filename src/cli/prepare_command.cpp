@@ -65,7 +65,8 @@ void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokeniz
   sub.add_flag("--overwrite", o.overwrite,
                "replace what --output holds: the new dataset is written beside it and swapped in "
                "whole at the end");
-  sub.add_option("--tokenizer", tokenizer, "byte | spm:MODEL | spm-train:VOCAB")
+  sub.add_option("--tokenizer", tokenizer,
+                 "byte | spm:MODEL | spm-train:VOCAB | hf:PATH/tokenizer.json")
       ->capture_default_str();
   sub.add_option("--format", o.input.format, "auto | text | jsonl")->capture_default_str();
   sub.add_option("--text-field", o.input.text_field, "JSONL key holding the text")

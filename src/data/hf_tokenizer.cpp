@@ -375,6 +375,28 @@ HfTokenizerFiles write_spm(const fs::path& model_file, int64_t boundary_id, cons
   return files;
 }
 
+// ---- a Hugging Face tokenizer.json given to prepare
+// ----------------------------------------------
+
+// The very file prepare tokenized with, and a config naming its boundary as eos (and bos: keel's
+// documents start after a boundary).
+HfTokenizerFiles write_hf(const fs::path& data_dir, const json& tok, const fs::path& out_dir,
+                          int64_t model_max_length) {
+  const std::string file = tok.value("file", std::string("tokenizer.json"));
+  const std::string boundary = tok.value("boundary_token", std::string());
+  write_text(out_dir / "tokenizer.json", read_bytes(data_dir / file));
+  const json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"bos_token", boundary},
+                       {"eos_token", boundary},
+                       {"add_bos_token", false},
+                       {"add_eos_token", false},
+                       {"clean_up_tokenization_spaces", false},
+                       {"model_max_length", model_max_length}};
+  write_text(out_dir / "tokenizer_config.json", config.dump(2));
+  const auto id = tok.value("boundary_id", int64_t{0});
+  return {"hf", id, id, {"tokenizer.json", "tokenizer_config.json"}, ""};
+}
+
 }  // namespace
 
 const std::vector<std::string>& gpt2_byte_chars() {
@@ -409,6 +431,7 @@ HfTokenizerFiles write_hf_tokenizer(const fs::path& data_dir, const fs::path& ou
     return write_spm(data_dir / tok.value("model", "tokenizer.model"), boundary, out_dir,
                      model_max_length);
   }
+  if (kind == "hf") return write_hf(data_dir, tok, out_dir, model_max_length);
   throw DataError(meta_file.string() + ": unknown tokenizer kind '" + kind +
                   "'; HINT: re-run `keel prepare`");
 }

@@ -11,6 +11,8 @@
 //         A BPE model is left to LlamaTokenizer. SentencePiece breaks ties between equal-score
 //         segmentations differently from tokenizers' Unigram ("...." as "..." + "." or "." +
 //         "..."): rare, and both are valid encodings the model was trained on.
+//   hf    the tokenizer.json prepare was given (--tokenizer hf:FILE), byte for byte, with a
+//         tokenizer_config.json naming its boundary token
 // keel adds no bos or eos when it encodes: tokenizer_config.json says so (add_bos_token false).
 #pragma once
 
@@ -22,7 +24,7 @@
 namespace keel::data {
 
 struct HfTokenizerFiles {
-  std::string kind;                // "byte" | "spm"
+  std::string kind;                // "byte" | "spm" | "hf"
   int64_t bos_id = 0, eos_id = 0;  // eos: the boundary between documents
   std::vector<std::string> files;  // written into the output directory
   std::string note;                // a caveat for the user, or empty

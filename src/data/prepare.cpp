@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/paths.h"
+#include "data/hf_bpe.h"
 #include "data/prepare_passes.h"
 #include "data/shard_format.h"
 #include "data/shard_writer.h"
@@ -47,6 +48,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::st
       train_spm(spm_text, spec.vocab, prefix, threads, o.seed);
       fs::remove(prefix + ".vocab");
       return load_spm_tokenizer(model_out);
+    }
+    case TokenizerSpec::Kind::kHf: {
+      auto tok = load_hf_tokenizer(spec.model);
+      fs::copy_file(spec.model, o.output + "/tokenizer.json", fs::copy_options::overwrite_existing);
+      return tok;
     }
   }
   throw std::logic_error("make_tokenizer: unknown kind");
@@ -117,6 +123,8 @@ std::string TokenizerSpec::text() const {
       return "spm:" + model;
     case Kind::kSpmTrain:
       return "spm-train:" + std::to_string(vocab);
+    case Kind::kHf:
+      return "hf:" + model;
   }
   return "?";
 }
@@ -129,6 +137,11 @@ TokenizerSpec TokenizerSpec::parse(const std::string& spec) {
     t.model = spec.substr(4);
     return t;
   }
+  if (spec.rfind("hf:", 0) == 0 && spec.size() > 3) {
+    t.kind = Kind::kHf;
+    t.model = spec.substr(3);
+    return t;
+  }
   if (spec.rfind("spm-train:", 0) == 0) {
     t.kind = Kind::kSpmTrain;
     const std::string digits = spec.substr(10);
@@ -138,7 +151,8 @@ TokenizerSpec TokenizerSpec::parse(const std::string& spec) {
     if (t.vocab >= 8) return t;
     throw DataError("--tokenizer " + spec + ": expected spm-train:VOCAB with VOCAB >= 8");
   }
-  throw DataError("--tokenizer " + spec + ": expected byte, spm:MODEL or spm-train:VOCAB");
+  throw DataError("--tokenizer " + spec +
+                  ": expected byte, spm:MODEL, spm-train:VOCAB or hf:PATH/tokenizer.json");
 }
 
 PrepareOptions recommended_prepare_options() {
@@ -263,6 +277,12 @@ nlohmann::json prepare(const PrepareOptions& o) {
   if (o.tokenizer.kind == TokenizerSpec::Kind::kSpm && !fs::is_regular_file(o.tokenizer.model, ec))
     throw DataError("--tokenizer " + o.tokenizer.text() + ": no such SentencePiece model" +
                     relative_note(o.tokenizer.model));
+  if (o.tokenizer.kind == TokenizerSpec::Kind::kHf) {
+    if (!fs::is_regular_file(o.tokenizer.model, ec))
+      throw DataError("--tokenizer " + o.tokenizer.text() + ": no such tokenizer.json" +
+                      relative_note(o.tokenizer.model));
+    load_hf_tokenizer(o.tokenizer.model);  // refused before anything is written
+  }
   if (o.near_dedup) {
     if (o.minhash.bands <= 0 || o.minhash.num_perm % o.minhash.bands != 0)
       throw DataError("--num-perm " + std::to_string(o.minhash.num_perm) +

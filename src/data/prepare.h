@@ -34,12 +34,13 @@ struct PrepareProgress {
   double seconds = 0;       // since the pass started
 };
 
-// --tokenizer: byte, spm:MODEL (an existing SentencePiece model) or spm-train:VOCAB (train one of
-// that vocabulary on the kept documents).
+// --tokenizer: byte, spm:MODEL (an existing SentencePiece model), spm-train:VOCAB (train one of
+// that vocabulary on the kept documents) or hf:FILE (a Hugging Face tokenizer.json with a BPE
+// model; see data/hf_bpe.h).
 struct TokenizerSpec {
-  enum class Kind { kByte, kSpm, kSpmTrain };
+  enum class Kind { kByte, kSpm, kSpmTrain, kHf };
   Kind kind = Kind::kByte;
-  std::string model;         // kSpm: the model file
+  std::string model;         // kSpm, kHf: the model file
   int64_t vocab = 0;         // kSpmTrain: at least 8
   std::string text() const;  // as given on the command line
   // DataError (exit 2) naming --tokenizer and what is valid.

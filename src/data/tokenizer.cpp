@@ -4,6 +4,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "common/error.h"
+#include "data/hf_bpe.h"
 
 namespace keel::data {
 namespace {
@@ -127,6 +128,9 @@ std::unique_ptr<Tokenizer> tokenizer_from_meta(const nlohmann::json& tokenizer,
                             : "tokenizer.model";
     return load_spm_tokenizer(dir + "/" + model);
   }
+  if (kind == "hf")
+    return load_hf_tokenizer(dir + "/" + tokenizer.value("file", std::string("tokenizer.json")),
+                             tokenizer.value("boundary_token", std::string()));
   throw DataError(dir + "/meta.json: unknown tokenizer kind '" + kind +
                   "'; HINT: re-run `keel prepare`");
 }

@@ -3,6 +3,8 @@
 //             vocab_size 257 (a model needs model.vocab_size >= 257; 264 keeps it a multiple of 8)
 //   spm:FILE  a SentencePiece model; the boundary is its </s> (eos) id
 //   spm-train:VOCAB  trains a SentencePiece (unigram, byte fallback) model on the prepared text
+//   hf:FILE   a Hugging Face tokenizer.json with a BPE model (data/hf_bpe.h); the boundary is its
+//             eos token
 // encode() and decode() are const and thread-safe.
 #pragma once
 

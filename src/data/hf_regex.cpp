@@ -1,0 +1,224 @@
+#include "data/hf_regex.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/error.h"
+
+namespace keel::data {
+namespace {
+
+// Oniguruma's \s (Unicode White_Space) in PCRE2's terms: PCRE2's \s under UCP lacks U+0085.
+std::string oniguruma_classes(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char next = pattern[++i];
+      if (next == 's')
+        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+      else if (next == 'S' && !in_class)
+        out += "[^\\s\\x{85}]";
+      else
+        out += {c, next};
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member, not the end.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class: [:alpha:]
+      if (end != std::string::npos) {
+        out += pattern.substr(i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+size_t utf8_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead & 0xE0) == 0xC0) return 2;
+  if ((lead & 0xF0) == 0xE0) return 3;
+  return 4;
+}
+
+}  // namespace
+
+// MULTILINE: Oniguruma's default (Ruby) syntax makes ^ and $ line anchors, and cl100k's pattern
+// ends a whitespace run at a line end with \s++$.
+HfRegex::HfRegex(const std::string& pattern, const std::string& where) {
+  const std::string translated = oniguruma_classes(pattern);
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NO_UTF_CHECK, &error,
+                        &offset, nullptr);
+  if (!code_) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    throw DataError(where + ": the pattern " + pattern +
+                    " cannot be compiled (PCRE2: " + reinterpret_cast<const char*>(message) +
+                    " at offset " + std::to_string(offset) + ")");
+  }
+  // Without the JIT (an architecture PCRE2 has none for) the interpreter gives the same matches.
+  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
+}
+
+HfRegex::~HfRegex() { pcre2_code_free(code_); }
+
+void HfRegex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
+  // One JIT stack per thread: lookahead over a long whitespace run can outgrow the default 32 kB.
+  struct Scratch {
+    pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+    pcre2_match_context* context = pcre2_match_context_create(nullptr);
+    pcre2_match_data* data = pcre2_match_data_create(16, nullptr);
+    Scratch() { pcre2_jit_stack_assign(context, nullptr, stack); }
+    ~Scratch() {
+      pcre2_match_data_free(data);
+      pcre2_match_context_free(context);
+      pcre2_jit_stack_free(stack);
+    }
+  };
+  thread_local Scratch scratch;
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t start = 0;
+  while (start <= text.size()) {
+    const int rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, scratch.data,
+                               scratch.context);
+    if (rc == PCRE2_ERROR_NOMATCH) return;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      throw DataError(std::string("tokenizer regex: matching failed (PCRE2: ") +
+                      reinterpret_cast<const char*>(message) + ")");
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data);
+    const size_t begin = ovector[0], end = ovector[1];
+    if (end > begin) {
+      out.emplace_back(begin, end);
+      start = end;
+    } else {  // an empty match yields nothing; go on from the next character
+      if (begin >= text.size()) return;
+      start = begin + utf8_length(static_cast<unsigned char>(text[begin]));
+    }
+  }
+}
+
+void split_pieces(const HfRegex& re, std::string_view text, SplitBehavior behavior, bool invert,
+                  std::vector<std::string>& out) {
+  std::vector<std::pair<size_t, size_t>> matches;
+  re.find_all(text, matches);
+  // (begin, end, is_match) over the whole text.
+  std::vector<std::tuple<size_t, size_t, bool>> spans;
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    if (b > prev) spans.emplace_back(prev, b, invert);
+    spans.emplace_back(b, e, !invert);
+    prev = e;
+  }
+  if (prev < text.size()) spans.emplace_back(prev, text.size(), invert);
+  std::vector<std::pair<size_t, size_t>> kept;
+  bool previous_match = false;
+  if (behavior == SplitBehavior::kMergedWithNext) {  // a match joins the piece after it
+    for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+      const auto& [b, e, is_match] = *it;
+      if (is_match && !previous_match && !kept.empty())
+        kept.back().first = b;
+      else
+        kept.emplace_back(b, e);
+      previous_match = is_match;
+    }
+    std::reverse(kept.begin(), kept.end());
+  }
+  for (const auto& [b, e, is_match] : spans) {
+    switch (behavior) {
+      case SplitBehavior::kRemoved:
+        if (!is_match) kept.emplace_back(b, e);
+        break;
+      case SplitBehavior::kIsolated:
+        kept.emplace_back(b, e);
+        break;
+      case SplitBehavior::kContiguous:  // runs of matches, and of the rest, become one piece
+        if (is_match == previous_match && !kept.empty())
+          kept.back().second = e;
+        else
+          kept.emplace_back(b, e);
+        break;
+      case SplitBehavior::kMergedWithPrevious:  // a match joins the piece before it
+        if (is_match && !previous_match && !kept.empty())
+          kept.back().second = e;
+        else
+          kept.emplace_back(b, e);
+        break;
+      case SplitBehavior::kMergedWithNext:
+        break;
+    }
+    previous_match = is_match;
+  }
+  for (const auto& [b, e] : kept)
+    if (e > b) out.emplace_back(text.substr(b, e - b));
+}
+
+std::string regex_escape(std::string_view literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    size_t n = 0;
+    uint32_t min = 0;
+    if (lead < 0x80) {
+      out += static_cast<char>(lead);
+      ++i;
+      continue;
+    }
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      n = 2, min = 0x80;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      n = 3, min = 0x800;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      n = 4, min = 0x10000;
+    }
+    bool ok = n > 0 && i + n <= text.size();
+    uint32_t cp = n == 2 ? lead & 0x1F : n == 3 ? lead & 0x0F : lead & 0x07;
+    for (size_t k = 1; ok && k < n; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace keel::data
