@@ -124,7 +124,10 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, data::ClusterBy>{
           {"hash", data::ClusterBy::kHash}, {"source", data::ClusterBy::kSource}}));
   sub.add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")->capture_default_str();
-  sub.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
+  sub.add_option("--jobs,--threads", o.threads,
+                 "worker threads for the dedup and tokenize stages (0 = all cores); the output "
+                 "does not depend on it")
+      ->capture_default_str();
   sub.add_option("--seed", o.seed, "seed for MinHash, the split and keep-whole")
       ->capture_default_str();
 }

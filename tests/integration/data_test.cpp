@@ -76,5 +76,35 @@ TEST(PrepareCommand, PreparesTheFortunesCorpus) {
   EXPECT_EQ(data::shard_vocab_size(dir.str()), 257);
 }
 
+// Every core changes how fast, never what: --jobs 2 writes the same shards, index and vocabulary as
+// --jobs 1 (meta.json and the reports differ only in the command line and the timings).
+TEST(PrepareCommand, JobsDoNotChangeTheOutput) {
+  const std::string fortunes = "/usr/share/games/fortunes";
+  if (!std::filesystem::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  ScratchDir dir("prepare_jobs");
+  for (const char* jobs : {"1", "2"}) {
+    auto r = run_keel("prepare --input " + fortunes + " --output " + (dir / jobs) +
+                      " --separator % --seq-len 256 --val-fraction 0.05 --jobs " + jobs);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  size_t compared = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path() / "1")) {
+    if (!entry.is_regular_file()) continue;
+    const auto name = entry.path().filename().string();
+    if (name == "meta.json" || name == "report.json" || name == "report.txt") continue;
+    const auto other = dir.path() / "2" / std::filesystem::relative(entry.path(), dir.path() / "1");
+    EXPECT_EQ(data::testing::read_bytes(entry.path().string()),
+              data::testing::read_bytes(other.string()))
+        << other;
+    ++compared;
+  }
+  EXPECT_GE(compared, 2u);
+  auto meta = [&](const char* jobs) {
+    return nlohmann::json::parse(data::testing::read_bytes(dir / jobs + "/meta.json"));
+  };
+  EXPECT_EQ(meta("1")["splits"], meta("2")["splits"]);
+  EXPECT_NE(meta("2")["prepare_command"].get<std::string>().find("--jobs 2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace keel::testing
