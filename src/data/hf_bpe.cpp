@@ -54,15 +54,6 @@ struct Merge {
   uint32_t rank, new_id;
 };
 
-uint32_t decode_utf8(std::string_view s, size_t i, size_t* len) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  utf8proc_int32_t cp = 0;
-  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + i,
-                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
-  *len = n > 0 ? static_cast<size_t>(n) : 1;
-  return n > 0 ? static_cast<uint32_t>(cp) : c;
-}
-
 // Rust's char::is_whitespace: Unicode White_Space.
 bool is_whitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -76,13 +67,6 @@ bool is_word_character(uint32_t cp) {
   const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
   return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
          (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
-}
-
-uint32_t last_char(std::string_view s) {
-  size_t i = s.size();
-  while (i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
-  size_t len = 0;
-  return i > 0 ? decode_utf8(s, i - 1, &len) : 0;
 }
 
 // One piece of a document on its way through: text still to tokenize, or an added token's id.
@@ -327,7 +311,7 @@ void HfBpeTokenizer::split_added(std::vector<Piece>& pieces, bool normalized) co
           break;
         }
       size_t step = 0;
-      decode_utf8(s, pos, &step);
+      utf8_at(s, pos, &step);
       if (!found) {
         pos += step;
         continue;
@@ -335,24 +319,22 @@ void HfBpeTokenizer::split_added(std::vector<Piece>& pieces, bool normalized) co
       size_t begin = pos, end = pos + found->content.size();
       if (found->single_word) {
         size_t len = 0;
-        const bool word_before = begin > 0 && is_word_character(last_char(s.substr(0, begin)));
-        const bool word_after = end < s.size() && is_word_character(decode_utf8(s, end, &len));
+        const bool word_before =
+            begin > 0 && is_word_character(utf8_at(s, utf8_before(s, begin), &len));
+        const bool word_after = end < s.size() && is_word_character(utf8_at(s, end, &len));
         if (word_before || word_after) {
           pos += step;
           continue;
         }
       }
       if (found->lstrip) {
-        size_t b = begin;
-        while (b > start_offset && is_whitespace(last_char(s.substr(0, b)))) {
-          --b;
-          while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
-        }
-        begin = b;
+        size_t len = 0;
+        while (begin > start_offset && is_whitespace(utf8_at(s, utf8_before(s, begin), &len)))
+          begin = utf8_before(s, begin);
       }
       if (found->rstrip) {
         size_t len = 0;
-        while (end < s.size() && is_whitespace(decode_utf8(s, end, &len))) end += len;
+        while (end < s.size() && is_whitespace(utf8_at(s, end, &len))) end += len;
       }
       if (begin > start_offset)
         out.push_back({std::string(s.substr(start_offset, begin - start_offset))});
@@ -458,7 +440,7 @@ void HfBpeTokenizer::merge_word(std::string_view w, std::vector<uint32_t>& out) 
   std::optional<uint32_t> unk;  // pending, fused with the next unknown character when fuse_unk
   for (size_t i = 0; i < w.size();) {
     size_t len = 0;
-    decode_utf8(w, i, &len);
+    utf8_at(w, i, &len);
     std::string s(w.substr(i, len));
     if (i > 0) s = prefix_ + s;
     if (i + len == w.size()) s += suffix_;
@@ -544,7 +526,7 @@ std::string HfBpeTokenizer::decode(const int64_t* ids, size_t n) const {
     }
     for (size_t i = 0; i < token.size();) {
       size_t len = 0;
-      decode_utf8(token, i, &len);
+      utf8_at(token, i, &len);
       const auto it = kBytes.find(token.substr(i, len));
       out += it != kBytes.end() ? std::string(1, it->second) : token.substr(i, len);
       i += len;

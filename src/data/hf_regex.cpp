@@ -2,6 +2,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <tuple>
@@ -47,13 +48,6 @@ std::string oniguruma_classes(const std::string& pattern) {
     out += c;
   }
   return out;
-}
-
-size_t utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if ((lead & 0xE0) == 0xC0) return 2;
-  if ((lead & 0xF0) == 0xE0) return 3;
-  return 4;
 }
 
 }  // namespace
@@ -113,7 +107,9 @@ void HfRegex::find_all(std::string_view text, std::vector<std::pair<size_t, size
       start = end;
     } else {  // an empty match yields nothing; go on from the next character
       if (begin >= text.size()) return;
-      start = begin + utf8_length(static_cast<unsigned char>(text[begin]));
+      size_t len = 0;
+      utf8_at(text, begin, &len);
+      start = begin + len;
     }
   }
 }
@@ -171,6 +167,20 @@ void split_pieces(const HfRegex& re, std::string_view text, SplitBehavior behavi
   }
   for (const auto& [b, e] : kept)
     if (e > b) out.emplace_back(text.substr(b, e - b));
+}
+
+uint32_t utf8_at(std::string_view s, size_t i, size_t* len) {
+  utf8proc_int32_t cp = 0;
+  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + i,
+                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+  *len = n > 0 ? static_cast<size_t>(n) : 1;
+  return n > 0 ? static_cast<uint32_t>(cp) : static_cast<unsigned char>(s[i]);
+}
+
+size_t utf8_before(std::string_view s, size_t i) {
+  --i;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return i;
 }
 
 std::string regex_escape(std::string_view literal) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,12 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 // of `re` (with `invert`, the text between matches is what matched) grouped by `behavior`.
 void split_pieces(const HfRegex& re, std::string_view text, SplitBehavior behavior, bool invert,
                   std::vector<std::string>& out);
+
+// The code point of the UTF-8 character at byte `i` of `s`, its length in `*len`; a byte that
+// starts no valid character is itself, length 1.
+uint32_t utf8_at(std::string_view s, size_t i, size_t* len);
+// The byte where the character that ends at byte `i` of `s` starts (i > 0).
+size_t utf8_before(std::string_view s, size_t i);
 
 // `literal` as a pattern that matches exactly it (a Split pre-tokenizer's {"String": ...}).
 std::string regex_escape(std::string_view literal);
