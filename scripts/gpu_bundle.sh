@@ -54,7 +54,7 @@ log "configuring $build (Release, tests off, RPATH \$ORIGIN/lib)"
 # libraries keel loads (libspdlog -> libfmt, libsentencepiece_train -> libsentencepiece, ...).
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DCMAKE_BUILD_TYPE=Release -DKEEL_BUILD_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DKEEL_BUILD_TESTS=OFF -DKEEL_PARQUET=OFF \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags >"$build/configure.log" 2>&1 ||
   { tail -n 30 "$build/configure.log" >&2; fail "cmake configure (log: $build/configure.log)"; }

@@ -4,7 +4,8 @@
 #     xxHash, SentencePiece, PCRE2 and utf8proc (Hugging Face tokenizer.json), zstd, ccache, fortunes corpus; Slurm and munge, whose daemons
 #     tests/integration/slurm_test.cpp starts as a one-node cluster);
 #   - LibTorch from the pinned `torch` wheel into a per-user cache shared by every clone
-#     ($KEEL_CACHE, default ~/.cache/keel), so a fresh clone never downloads it again.
+#     ($KEEL_CACHE, default ~/.cache/keel), so a fresh clone never downloads it again; Arrow and
+#     Parquet's C++ libraries from the pinned `pyarrow` wheel beside it.
 # Prints the LibTorch CMake prefix on its last line. A second run with everything present takes seconds.
 set -euo pipefail
 
@@ -16,6 +17,10 @@ TRANSFORMERS_VERSION="5.23.0"
 SAFETENSORS_VERSION="0.8.0"
 TOKENIZERS_VERSION="0.23.3"
 SENTENCEPIECE_PY_VERSION="0.2.3"
+# Apache Arrow's C++ libraries and headers (libarrow, libparquet) for `keel prepare`'s parquet
+# input, from the pyarrow wheel (as LibTorch comes from the torch wheel; same C++11 ABI); the
+# tests write their parquet files with it too.
+PYARROW_VERSION="26.0.1"
 CACHE="${KEEL_CACHE:-$HOME/.cache/keel}"
 VENV="$CACHE/torch-$TORCH_VERSION"
 
@@ -53,7 +58,7 @@ fi
 # (or before a version bump) installs it on its next run.
 PY_TEST_PACKAGES=("tensorboard==$TENSORBOARD_VERSION" "transformers==$TRANSFORMERS_VERSION"
   "safetensors==$SAFETENSORS_VERSION" "tokenizers==$TOKENIZERS_VERSION"
-  "sentencepiece==$SENTENCEPIECE_PY_VERSION")
+  "sentencepiece==$SENTENCEPIECE_PY_VERSION" "pyarrow==$PYARROW_VERSION")
 py_stamp="$VENV/.keel-py-$(echo "${PY_TEST_PACKAGES[*]}" | tr ' =' '_-')"
 if [ ! -f "$py_stamp" ]; then
   log "installing ${PY_TEST_PACKAGES[*]} into $VENV"

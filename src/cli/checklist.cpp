@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "common/error.h"
+#include "data/foreign_formats.h"
 #include "data/shard_reader.h"
 
 namespace keel::cli {
@@ -109,8 +110,21 @@ ChecklistItem check_lock(const config::Config& cfg) {
 // at the size meta.json implies, and prepare's report is there. Reading the checksums' bytes is
 // the loader's job (it checks each file as it opens it); validate stays cheap on a large corpus.
 ChecklistItem check_verified(const config::Config& cfg, const nlohmann::json& report) {
-  if (cfg.data.source != config::DataSource::kShards)
+  if (cfg.data.source == config::DataSource::kSynthetic)
     return {"data verified", Status::kNotApplicable, "synthetic data: generated, not read"};
+  if (cfg.data.source != config::DataSource::kShards) {
+    try {
+      const auto s = data::summarize_foreign(cfg.data.source, cfg.data.path);
+      return {"data verified", Status::kWarn,
+              fmt::format("{} ({}): {} file(s), {:.1f}M tokens{}, headers and index consistent; "
+                          "the format has no checksums of its tokens (the loader checks every id "
+                          "against model.vocab_size)",
+                          cfg.data.path, config::name_of(cfg.data.source), s.files, s.tokens / 1e6,
+                          s.documents >= 0 ? fmt::format(", {} documents", s.documents) : "")};
+    } catch (const std::exception& e) {
+      return {"data verified", Status::kWarn, e.what()};
+    }
+  }
   try {
     const data::DatasetMeta meta = data::read_meta(cfg.data.path);  // refuses a missing xxh3
     int64_t shards = 0, tokens = 0;
@@ -151,15 +165,18 @@ void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
   };
   const auto& st = cfg.stability;
   const bool shards = cfg.data.source == config::DataSource::kShards;
+  const bool synthetic = cfg.data.source == config::DataSource::kSynthetic;
   const nlohmann::json report = shards ? prepare_report(cfg.data.path) : nullptr;
-  if (!shards) {
+  if (synthetic) {
     add("dedup", Status::kNotApplicable, "synthetic data: nothing to deduplicate");
     add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kOff,
         st.screen.enabled ? "synthetic data; the per-sample screen masks outlier samples"
                           : "synthetic data; stability.screen.enabled is false");
   } else if (report.is_null()) {
     add("dedup", Status::kWarn,
-        "no report.json in " + cfg.data.path + ": how the data was deduplicated is unknown");
+        shards ? "no report.json in " + cfg.data.path + ": how the data was deduplicated is unknown"
+               : "pre-tokenized data (" + std::string(config::name_of(cfg.data.source)) +
+                     "): how it was deduplicated is unknown; repeated_data watches for returns");
     add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kOff,
         st.screen.enabled ? "the per-sample screen masks outlier samples in training"
                           : "stability.screen.enabled is false");
@@ -182,7 +199,7 @@ void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
                                       : "is off (stability.screen.enabled)"));
   }
 
-  if (!shards)
+  if (synthetic)
     add("cross-cluster sampling", Status::kNotApplicable, "synthetic data has no clusters");
   else if (cfg.data.sampling == config::Sampling::kStratified &&
            cfg.data.min_clusters_per_batch >= 2)
@@ -196,7 +213,7 @@ void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
                     config::name_of(cfg.data.sampling), cfg.data.min_clusters_per_batch));
 
   out.push_back(check_verified(cfg, report));
-  if (!shards)
+  if (synthetic)
     add("backpressure", Status::kNotApplicable,
         "synthetic data is made as it is needed: there is no source to wait for");
   else

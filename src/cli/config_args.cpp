@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "data/foreign_formats.h"
 #include "data/shard_reader.h"
 
 namespace keel::cli {
@@ -28,13 +29,17 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
                                       const config::ValidateOptions& options) {
   auto diagnostics = loaded.diagnostics;
   config::ValidateOptions opts = options;
-  if (loaded.config.data.source == config::DataSource::kShards && !opts.data_vocab_size) {
-    try {
+  const auto source = loaded.config.data.source;
+  try {
+    if (source == config::DataSource::kShards && !opts.data_vocab_size)
       opts.data_vocab_size = data::shard_vocab_size(loaded.config.data.path);
-    } catch (const DataError& e) {
-      diagnostics.push_back(
-          {config::Diagnostic::Severity::kError, "data.path", loaded.where("data.path"), e.what()});
-    }
+    // Pre-tokenized files: their headers and index, not their tokens (the loader reads those).
+    if ((source == config::DataSource::kMegatron || source == config::DataSource::kLlmc) &&
+        !loaded.config.data.path.empty())
+      data::summarize_foreign(source, loaded.config.data.path);
+  } catch (const DataError& e) {
+    diagnostics.push_back(
+        {config::Diagnostic::Severity::kError, "data.path", loaded.where("data.path"), e.what()});
   }
   std::set<std::string> failed;
   for (const auto& d : loaded.diagnostics)

@@ -71,6 +71,11 @@ std::pair<std::string, std::string> tokenizer_source(const ExportArgs& a,
     if (cfg.data.source == config::DataSource::kSynthetic) {
       no_tokenizer_reason =
           "the run trained on synthetic data (data.source synthetic), which has no text";
+    } else if (cfg.data.source != config::DataSource::kShards) {
+      no_tokenizer_reason = fmt::format(
+          "the run trained on pre-tokenized data (data.source {}), which carries no tokenizer "
+          "(--tokenizer-from DATA_DIR exports the one a prepared dataset holds)",
+          config::name_of(cfg.data.source));
     } else {
       data_dir = cfg.data.path;
     }

@@ -71,6 +71,9 @@ void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokeniz
   sub.add_option("--format", o.input.format, "auto | text | jsonl")->capture_default_str();
   sub.add_option("--text-field", o.input.text_field, "JSONL key holding the text")
       ->capture_default_str();
+  sub.add_option("--id-field", o.input.id_field,
+                 "JSONL key of a record's own id, kept with its file and line as provenance")
+      ->capture_default_str();
   sub.add_option("--separator", o.input.separator,
                  "text: a line equal to this separates documents (default: one document per file)");
 }
@@ -120,9 +123,13 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
                  "(0 = off)")
       ->capture_default_str();
   sub.add_option("--cluster", o.cluster,
-                 "index cluster id: hash (of the text; the default) | source (input file)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, data::ClusterBy>{
-          {"hash", data::ClusterBy::kHash}, {"source", data::ClusterBy::kSource}}));
+                 "the stratified sampler's cluster of a document: minhash (the first value of its "
+                 "MinHash signature, so similar documents share one; the default) | hash (of the "
+                 "text: at random) | source (its input file)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, data::ClusterBy>{{"minhash", data::ClusterBy::kMinHash},
+                                                 {"hash", data::ClusterBy::kHash},
+                                                 {"source", data::ClusterBy::kSource}}));
   sub.add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")->capture_default_str();
   sub.add_option("--jobs,--threads", o.threads,
                  "worker threads for the dedup and tokenize stages (0 = all cores); the output "

@@ -59,8 +59,8 @@ enum class CpuMatmul { kOneDnn, kAten };
 KEEL_CHOICE(CpuMatmul, "onednn", "aten");
 enum class Arch { kLlama, kGpt2 };
 KEEL_CHOICE(Arch, "llama", "gpt2");
-enum class DataSource { kSynthetic, kShards };
-KEEL_CHOICE(DataSource, "synthetic", "shards");
+enum class DataSource { kSynthetic, kShards, kMegatron, kLlmc };
+KEEL_CHOICE(DataSource, "synthetic", "shards", "megatron", "llmc");
 enum class Sampling { kStratified, kRandom, kSequential };
 KEEL_CHOICE(Sampling, "stratified", "random", "sequential");
 enum class OptimizerName { kAdamW, kLion };
@@ -166,7 +166,7 @@ struct LoaderConfig {
 
 struct DataConfig {
   DataSource source = DataSource::kSynthetic;
-  std::string path;              // shard directory when source=shards
+  std::string path;  // shards: `keel prepare`'s directory; megatron / llmc: data/foreign_formats.h
   int64_t micro_batch_size = 8;  // sequences per micro-batch per rank
   int64_t grad_accum_steps = 1;  // dynamic: the count the run starts at and the lr is set for
   GradAccum grad_accum = GradAccum::kFixed;

@@ -167,10 +167,16 @@ void check_model_shape(Checker& c, const ModelConfig& m) {
 
 void check_model(Checker& c, const ModelConfig& m, const DataConfig& d) {
   c.auto_or_at_least("model.vocab_size", m.vocab_size, 2);
-  if (m.vocab_size == kAuto && d.source != DataSource::kShards)
+  if (m.vocab_size == kAuto && d.source == DataSource::kSynthetic)
     c.error("model.vocab_size",
             "auto takes the vocabulary of prepared shards (data.source: shards); the synthetic "
             "source has none of its own: give a number");
+  if (m.vocab_size == kAuto && (d.source == DataSource::kMegatron || d.source == DataSource::kLlmc))
+    c.error("model.vocab_size",
+            "auto takes the vocabulary of prepared shards; pre-tokenized data (data.source: " +
+                std::string(name_of(d.source)) +
+                ") does not record its tokenizer's: give it (50257 for GPT-2's, 128256 for Llama "
+                "3's; a multiple of 64 above it, such as 50304, runs faster)");
   c.at_least("model.d_model", m.d_model, 1);
   c.at_least("model.n_layers", m.n_layers, 1);
   c.at_least("model.n_heads", m.n_heads, 1);
@@ -208,6 +214,13 @@ void check_data(Checker& c, const DataConfig& d) {
     c.error("data.source",
             "shards needs data.path, the directory `keel prepare` wrote (it is empty)");
   }
+  if (d.source == DataSource::kMegatron && d.path.empty())
+    c.error("data.source",
+            "megatron needs data.path, the prefix of a .bin/.idx pair (it is empty)");
+  if (d.source == DataSource::kLlmc && d.path.empty())
+    c.error("data.source",
+            "llmc needs data.path: an llm.c .bin shard, a directory of them or a glob pattern "
+            "(it is empty)");
   c.at_least("data.micro_batch_size", d.micro_batch_size, 1);
   c.at_least("data.grad_accum_steps", d.grad_accum_steps, 1);
   c.at_least("data.buckets", d.buckets, 1);

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "data/foreign_formats.h"
 
 namespace keel::data {
 namespace {
@@ -30,7 +31,9 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
       std::clamp<int64_t>(o.loader.high_watermark, 1, o.loader.queue_capacity);
   o.loader.low_watermark = std::clamp<int64_t>(o.loader.low_watermark, 0, o.loader.high_watermark);
 
-  set_ = ShardSet::open(o.dir, o.split);
+  set_ = o.source == config::DataSource::kShards
+             ? ShardSet::open(o.dir, o.split)
+             : open_foreign({o.source, o.dir, o.split, o.held_out, o.model_vocab_size});
   const auto& meta = set_->meta();
   if (o.model_vocab_size > 0 && meta.vocab_size > o.model_vocab_size)
     throw DataError(o.dir + "/meta.json: the data's vocabulary has " +
@@ -43,6 +46,8 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
               "depends on it)",
               o.dir, meta.seq_len, o.seq_len);
   tokenizer_ = tokenizer_from_meta(meta.tokenizer, o.dir);
+  if (o.source == config::DataSource::kShards)
+    provenance_ = Provenance::open(o.dir, meta.provenance);
 
   // Window w starts at stream position w*T; its bucket is that of the document there.
   const int64_t T = o.seq_len;
@@ -326,16 +331,26 @@ nlohmann::json ShardLoader::locate(int64_t id) const {
   if (shard.empty()) return nlohmann::json::object();
   const int64_t doc = set_->document_at(pos);
   nlohmann::json out = {{"shard", set_->dir() + "/" + shard}, {"offset", offset}};
-  if (doc >= 0) out["doc_id"] = set_->documents()[doc].doc_id;
+  if (doc < 0) return out;
+  out["doc_id"] = set_->documents()[doc].doc_id;
+  if (provenance_)
+    if (auto source = provenance_->where(set_->documents()[doc].doc_id); !source.empty())
+      out["source"] = std::move(source);
   return out;
 }
 
 std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int rank, int world_size,
                                                bool validation) {
   LoaderOptions o;
+  o.source = cfg.data.source;
   o.dir = cfg.data.path;
   o.split = "train";
-  if (validation) {
+  if (o.source != config::DataSource::kShards) {
+    const bool own_val = cfg.data.val_path.empty();
+    if (validation) o.dir = own_val ? cfg.data.path : cfg.data.val_path;
+    if (validation && own_val) o.split = "val";
+    o.held_out = own_val ? kForeignHeldOutShare : 0.0;
+  } else if (validation) {
     if (!cfg.data.val_path.empty()) {
       o.dir = cfg.data.val_path;
       o.split = read_meta(o.dir).splits.count("val") ? "val" : "train";

@@ -38,6 +38,7 @@
 
 #include "config/schema.h"
 #include "data/batch.h"
+#include "data/provenance.h"
 #include "data/sampler.h"
 #include "data/shard_reader.h"
 #include "data/tokenizer.h"
@@ -45,8 +46,10 @@
 namespace keel::data {
 
 struct LoaderOptions {
-  std::string dir;  // dataset directory (meta.json)
+  config::DataSource source = config::DataSource::kShards;
+  std::string dir;  // dataset directory (meta.json); megatron / llmc: data.path's files
   std::string split = "train";
+  double held_out = 0.0;  // megatron / llmc: the share of documents that is "val"
   int64_t seq_len = 128;  // T: windows hold T+1 tokens
   int rank = 0, world_size = 1;
   int64_t grad_accum_steps = 1;  // micro-batches per step (for fault steps)
@@ -102,6 +105,7 @@ class ShardLoader : public BatchSource {
   std::unique_ptr<ShardSet> set_;
   std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Provenance> provenance_;  // prepared shards only
 
   mutable std::mutex mu_;
   std::condition_variable produced_, consumed_;
@@ -118,7 +122,9 @@ class ShardLoader : public BatchSource {
 
 // The factory the trainer uses. validation=true reads the val split of data.path (or the
 // dataset at data.val_path: its val split if it has one, else its train split), sequentially,
-// with no faults.
+// with no faults. megatron / llmc: data.val_path in the same format is read whole; without one,
+// the last documents of data.path are held out (kForeignHeldOutShare) and training never sees
+// them.
 std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int rank, int world_size,
                                                bool validation);
 

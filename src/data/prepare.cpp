@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -104,6 +105,17 @@ std::string summary_text(const nlohmann::json& r) {
     s += fmt::format("split {}: {} documents, {} tokens, {} windows of seq_len {}\n", name,
                      split["documents"].dump(), split["tokens"].dump(), split["windows"].dump(),
                      r["seq_len"].dump());
+  if (r.contains("clusters")) {
+    const auto& c = r["clusters"];
+    const auto shares = c["bucket_shares_16"].get<std::vector<double>>();
+    s += fmt::format(
+        "clusters ({}): {} distinct, the largest holds {:.1f} % of the documents; the 16 "
+        "buckets hold {:.1f} % to {:.1f} % each\n",
+        c["by"].get<std::string>(), c["distinct"].get<int64_t>(),
+        100 * c["largest_share"].get<double>(),
+        100 * *std::min_element(shares.begin(), shares.end()),
+        100 * *std::max_element(shares.begin(), shares.end()));
+  }
   return s;
 }
 
@@ -318,6 +330,33 @@ nlohmann::json prepare(const PrepareOptions& o) {
 
 namespace {
 
+// The cluster mix the stratified sampler will see: how many clusters, how much the largest holds,
+// and the documents' shares of the 16 buckets of data.buckets' default (cluster id mod 16).
+nlohmann::json cluster_mix(const PrepareOptions& o, const PackResult& p) {
+  constexpr size_t kBuckets = 16;
+  int64_t total = 0, largest = 0;
+  std::vector<int64_t> buckets(kBuckets, 0);
+  for (const auto& [cluster, docs] : p.cluster_docs) {
+    total += docs;
+    largest = std::max(largest, docs);
+    buckets[cluster % kBuckets] += docs;
+  }
+  auto share = [total](int64_t n) {
+    return total > 0 ? std::round(1e4 * static_cast<double>(n) / static_cast<double>(total)) / 1e4
+                     : 0.0;
+  };
+  nlohmann::json shares = nlohmann::json::array();
+  for (int64_t n : buckets) shares.push_back(share(n));
+  const char* by = o.cluster == ClusterBy::kMinHash ? "minhash"
+                   : o.cluster == ClusterBy::kHash  ? "hash"
+                                                    : "source";
+  return {{"by", by},
+          {"distinct", static_cast<int64_t>(p.cluster_docs.size())},
+          {"largest_documents", largest},
+          {"largest_share", share(largest)},
+          {"bucket_shares_16", shares}};
+}
+
 // The report.json of a prepare: every figure of both passes, machine-readable.
 nlohmann::json make_report(const PrepareOptions& o, const std::vector<InputFile>& files,
                            const std::vector<std::string>& skipped, const DedupResult& d,
@@ -362,6 +401,7 @@ nlohmann::json make_report(const PrepareOptions& o, const std::vector<InputFile>
         {"fill_tokens", p.fill_tokens}}},
       {"seq_len", o.seq_len},
       {"splits", p.splits},
+      {"clusters", cluster_mix(o, p)},
       {"threads", threads},
       {"seconds", seconds},
       {"mb_per_s", seconds > 0 ? d.bytes_in / 1e6 / seconds : 0.0},
@@ -380,7 +420,7 @@ nlohmann::json make_meta(const PrepareOptions& o, const std::vector<InputFile>& 
   nlohmann::json inputs = nlohmann::json::array();
   for (size_t f = 0; f < files.size(); ++f)
     inputs.push_back({{"path", files[f].path},
-                      {"format", files[f].jsonl ? "jsonl" : "text"},
+                      {"format", files[f].format()},
                       {"first_doc", std::max<int64_t>(d.file_first[f], 0)},
                       {"documents", d.file_docs[f]}});
   nlohmann::json counts = nlohmann::json::object();
@@ -398,6 +438,7 @@ nlohmann::json make_meta(const PrepareOptions& o, const std::vector<InputFile>& 
           {"seq_len", o.seq_len},
           {"counts", counts},
           {"inputs", inputs},
+          {"sources", d.sources},
           {"splits", p.splits}};
 }
 

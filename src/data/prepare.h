@@ -49,8 +49,10 @@ struct TokenizerSpec {
 
 // --cluster: the stratified sampler's cluster of a document.
 enum class ClusterBy {
-  kHash,    // a hash of its text
-  kSource,  // its input file (a named source)
+  kMinHash,  // the first value of its MinHash signature: two documents share it with probability
+             // their shingles' Jaccard similarity, so similar documents share a cluster
+  kHash,     // a hash of its text (unrelated documents and similar ones alike spread at random)
+  kSource,   // its input file (a named source)
 };
 
 struct PrepareOptions {
@@ -68,7 +70,7 @@ struct PrepareOptions {
   int64_t seq_len = 1024;     // training window the data is packed for
   double keep_whole = 0.0;    // share of documents that fit a window started on a window
                               // boundary (the gap filled with boundary tokens), not split
-  ClusterBy cluster = ClusterBy::kHash;
+  ClusterBy cluster = ClusterBy::kMinHash;
   int64_t shard_tokens = int64_t{1} << 27;
   int threads = 0;  // 0 = hardware concurrency
   uint64_t seed = 1234;

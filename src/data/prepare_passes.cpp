@@ -3,14 +3,19 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <string_view>
 #include <thread>
 #include <unordered_set>
 
 #include "data/minhash.h"
+#include "data/provenance.h"
 #include "data/shard_writer.h"
 
 namespace keel::data {
@@ -58,14 +63,86 @@ uint64_t mix(uint64_t seed, uint64_t x) {
 }
 double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
 
-void report_progress(const PrepareOptions& o, int pass, const DocumentReader& reader,
-                     int64_t documents, int64_t total, int64_t tokens_out,
-                     SteadyClock::time_point start) {
+// Reads the blocks of a pass one ahead on a thread of its own (with more than one worker), so that
+// reading and parsing the input overlap the workers' hashing and tokenizing. Blocks come out in
+// input order, so the output does not depend on it.
+class BlockReader {
+ public:
+  BlockReader(DocumentReader& reader, bool ahead) : reader_(reader) {
+    if (ahead) thread_ = std::thread([this] { run(); });
+  }
+  ~BlockReader() { finish(); }
+  BlockReader(const BlockReader&) = delete;
+  BlockReader& operator=(const BlockReader&) = delete;
+
+  // The next block and the input bytes read up to its end; false at the end of the input. An
+  // error of the reader is thrown here, after the blocks read before it.
+  bool next(std::vector<Document>& block, int64_t& bytes) {
+    if (!thread_.joinable()) {
+      const bool any = read_block(reader_, block);
+      bytes = reader_.bytes_read();
+      return any;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    ready_.wait(lock, [&] { return !queue_.empty() || done_; });
+    if (queue_.empty()) {
+      if (error_) std::rethrow_exception(error_);
+      return false;
+    }
+    block = std::move(queue_.front().first);
+    bytes = queue_.front().second;
+    queue_.pop_front();
+    space_.notify_one();
+    return true;
+  }
+  // Stops and joins the thread; the DocumentReader is the caller's again.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    space_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    try {
+      std::vector<Document> block;
+      while (read_block(reader_, block)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        space_.wait(lock, [&] { return queue_.size() < kAhead || stopping_; });
+        if (stopping_) break;
+        queue_.emplace_back(std::move(block), reader_.bytes_read());
+        block = {};
+        ready_.notify_one();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    ready_.notify_all();
+  }
+
+  static constexpr size_t kAhead = 2;
+  DocumentReader& reader_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable ready_, space_;
+  std::deque<std::pair<std::vector<Document>, int64_t>> queue_;
+  bool done_ = false, stopping_ = false;
+  std::exception_ptr error_;
+};
+
+void report_progress(const PrepareOptions& o, int pass, int64_t bytes_read, int64_t documents,
+                     int64_t total, int64_t tokens_out, SteadyClock::time_point start) {
   if (!o.on_progress) return;
   PrepareProgress p;
   p.pass = pass;
   p.documents = documents;
-  p.bytes_read = reader.bytes_read();
+  p.bytes_read = bytes_read;
   p.bytes_total = total;
   p.tokens_out = tokens_out;
   p.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
@@ -80,7 +157,7 @@ int64_t plain_text_bytes(const std::vector<InputFile>& files) {
     std::error_code ec;
     const auto size = fs::file_size(f.path, ec);
     const auto ext = fs::path(f.path).extension().string();
-    if (ec || ext == ".gz" || ext == ".zst") return 0;
+    if (ec || ext == ".gz" || ext == ".zst" || f.parquet) return 0;
     total += static_cast<int64_t>(size);
   }
   return total;
@@ -106,7 +183,7 @@ void sample_for_spm(std::string_view text, std::ofstream& out, size_t& bytes) {
 class Deduplicator {
  public:
   Deduplicator(const PrepareOptions& o, DedupResult& r, size_t files)
-      : o_(o), mh_(seeded(o)), hasher_(mh_), r_(r) {
+      : o_(o), mh_(seeded(o)), hasher_(mh_), sources_(o.output), r_(r) {
     if (o.near_dedup) near_ = std::make_unique<NearDuplicateIndex>(mh_);
     r_.file_first.assign(files, -1);
     r_.file_docs.assign(files, 0);
@@ -123,7 +200,7 @@ class Deduplicator {
         return;
       }
       hashes_[i] = normalized_hash(block[i].text);
-      if (near_) {
+      if (near_ || o_.cluster == ClusterBy::kMinHash) {
         auto shingles = shingle_set(block[i].text, mh_.char_shingles, mh_.shingle_size);
         if (!shingles.empty()) sigs_[i] = hasher_.signature(shingles);
       }
@@ -136,6 +213,7 @@ class Deduplicator {
   }
 
   int64_t candidates_checked() const { return near_ ? near_->candidates_checked() : 0; }
+  nlohmann::json finish_sources() { return sources_.finish(); }
 
  private:
   static MinHashConfig seeded(const PrepareOptions& o) {
@@ -149,6 +227,8 @@ class Deduplicator {
     if (r_.file_first[doc.file] < 0) r_.file_first[doc.file] = id;
     ++r_.file_docs[doc.file];
     r_.lengths.push_back(static_cast<int64_t>(doc.text.size()));
+    r_.clusters.push_back(cluster_of(doc, i));
+    sources_.add(doc.line, doc.id);
     uint8_t s = verdicts_[i];
     if (s != kKept) {
       ++(s == kOneChar ? r_.one_char : r_.repeated);
@@ -167,10 +247,18 @@ class Deduplicator {
     return s;
   }
 
+  // A document without shingles (or removed before its signature) falls back to its text's hash.
+  uint32_t cluster_of(const Document& doc, size_t i) const {
+    if (o_.cluster == ClusterBy::kSource) return static_cast<uint32_t>(doc.file);
+    if (o_.cluster == ClusterBy::kMinHash && !sigs_[i].empty()) return sigs_[i][0];
+    return static_cast<uint32_t>(hashes_[i] >> 32);
+  }
+
   const PrepareOptions& o_;
   MinHashConfig mh_;
   MinHasher hasher_;
   std::unique_ptr<NearDuplicateIndex> near_;
+  SourceWriter sources_;
   std::unordered_set<uint64_t> exact_seen_;
   DedupResult& r_;
   std::vector<uint64_t> hashes_;
@@ -192,7 +280,7 @@ class Packer {
     }
   }
 
-  void add(uint64_t id, const std::vector<uint32_t>& tokens, uint64_t text_hash, size_t file) {
+  void add(uint64_t id, const std::vector<uint32_t>& tokens, uint32_t cluster) {
     const bool val = o_.val_fraction > 0 && unit(mix(o_.seed, id)) < o_.val_fraction;
     SplitWriter& w = *writers_[val ? "val" : "train"];
     const auto len = static_cast<int64_t>(tokens.size());
@@ -205,10 +293,8 @@ class Packer {
       }
       ++r_.whole_docs;
     }
-    const uint32_t cluster = o_.cluster == ClusterBy::kSource
-                                 ? static_cast<uint32_t>(file)
-                                 : static_cast<uint32_t>(text_hash >> 32);
     w.add_document(tokens, id, cluster);
+    ++r_.cluster_docs[cluster];
     r_.tokens_out += len;
     ++r_.docs_out;
   }
@@ -245,15 +331,19 @@ DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& fi
   const int64_t total = plain_text_bytes(files);
   const auto start = SteadyClock::now();
   DocumentReader reader(files, o.input);
+  BlockReader blocks(reader, threads > 1);
   std::vector<Document> block;
-  while (read_block(reader, block)) {
+  int64_t bytes = 0;
+  while (blocks.next(block, bytes)) {
     dedup.block(block, threads, spm_text_path.empty() ? nullptr : &spm_text);
-    report_progress(o, 1, reader, static_cast<int64_t>(r.status.size()), total, 0, start);
+    report_progress(o, 1, bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
   }
+  blocks.finish();
   r.bytes_in = reader.bytes_read();
   r.invalid = reader.invalid_records();
   r.first_invalid = reader.first_invalid();
   r.candidates_checked = dedup.candidates_checked();
+  r.sources = dedup.finish_sources();
   return r;
 }
 
@@ -264,13 +354,12 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
   Packer packer(o, tokenizer, r);
   const auto start = SteadyClock::now();
   DocumentReader reader(files, o.input);
+  BlockReader blocks(reader, threads > 1);
   std::vector<Document> block;
   std::vector<std::vector<uint32_t>> tokens;
-  std::vector<uint64_t> hashes;
-  int64_t id0 = 0;
-  while (read_block(reader, block)) {
+  int64_t id0 = 0, bytes = 0;
+  while (blocks.next(block, bytes)) {
     tokens.assign(block.size(), {});
-    hashes.assign(block.size(), 0);
     auto kept = [&](size_t i) {
       const int64_t id = id0 + static_cast<int64_t>(i);
       return dedup.status[id] == kKept && length_filter.keep(dedup.lengths[id]);
@@ -278,14 +367,13 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
     parallel_for(block.size(), threads, [&](size_t i) {
       if (!kept(i)) return;
       tokenizer.encode(block[i].text, tokens[i]);
-      hashes[i] = normalized_hash(block[i].text);
     });
-    for (size_t i = 0; i < block.size(); ++i)
-      if (kept(i))
-        packer.add(static_cast<uint64_t>(id0 + static_cast<int64_t>(i)), tokens[i], hashes[i],
-                   block[i].file);
+    for (size_t i = 0; i < block.size(); ++i) {
+      const int64_t id = id0 + static_cast<int64_t>(i);
+      if (kept(i)) packer.add(static_cast<uint64_t>(id), tokens[i], dedup.clusters[id]);
+    }
     id0 += static_cast<int64_t>(block.size());
-    report_progress(o, 2, reader, id0, dedup.bytes_in, r.tokens_out, start);
+    report_progress(o, 2, bytes, id0, dedup.bytes_in, r.tokens_out, start);
   }
   packer.finish();
   return r;

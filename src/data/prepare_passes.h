@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,19 +33,22 @@ enum DocumentStatus : uint8_t {
 struct DedupResult {
   std::vector<uint8_t> status;                 // DocumentStatus
   std::vector<int64_t> lengths;                // bytes
+  std::vector<uint32_t> clusters;              // --cluster's id of each document
   std::vector<int64_t> file_first, file_docs;  // per input file: first document id, documents
   int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0;
   int64_t bytes_in = 0, invalid = 0, candidates_checked = 0;
   std::string first_invalid;
-  size_t spm_bytes = 0;  // text written for spm-train
+  size_t spm_bytes = 0;    // text written for spm-train
+  nlohmann::json sources;  // meta.json's "sources": the provenance files (data/provenance.h)
 
   // The lengths of the documents dedup kept, for the length filter.
   std::vector<int64_t> kept_lengths() const;
 };
 
 // Pass 1 over `files` on `threads` threads; decisions in corpus order, the same for any thread
-// count. With `spm_text_path` non-empty, the kept documents' non-blank lines go there (at most
-// kSpmTrainBytes) for training a SentencePiece model.
+// count. Writes every document's provenance (data/provenance.h) into o.output. With `spm_text_path`
+// non-empty, the kept documents' non-blank lines go there (at most kSpmTrainBytes) for training a
+// SentencePiece model.
 DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& files, int threads,
                        const std::string& spm_text_path);
 inline constexpr size_t kSpmTrainBytes = size_t{64} << 20;
@@ -53,10 +57,12 @@ inline constexpr size_t kSpmTrainBytes = size_t{64} << 20;
 struct PackResult {
   nlohmann::json splits;  // per split: its writer's summary, plus "windows" of seq_len
   int64_t fill_tokens = 0, whole_docs = 0, long_docs = 0, docs_out = 0, tokens_out = 0;
+  std::unordered_map<uint32_t, int64_t> cluster_docs;  // documents written per cluster id
 };
 
 // Pass 2: the documents `dedup` kept and `length_filter` keeps, tokenized, each with its split (a
-// seeded hash of its id), its cluster (--cluster) and, for a tenth of those that fit a window
+// seeded hash of its id), its cluster (pass 1's, --cluster) and, for a tenth of those that fit a
+// window
 // (--keep-whole), a start on a window boundary; written as o.output's shards.
 PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& files,
                      const DedupResult& dedup, const LengthFilter& length_filter,

@@ -9,6 +9,7 @@
 //                          `elem_bytes` (2 = uint16, 4 = uint32) each
 //   <split>.idx            the document index: a FileHeader, then `count` IndexRecords
 //   tokenizer.model        the SentencePiece model, when one was used
+//   sources.idx, sources.ids  every input document's file line and id field (data/provenance.h)
 //
 // A split (train, val) is one token stream across its shards, in order: every kept document's
 // tokens followed by one boundary token (the tokenizer's end-of-document id), so a training window

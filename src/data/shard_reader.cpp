@@ -1,10 +1,5 @@
 #include "data/shard_reader.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/paths.h"
+#include "data/mapped_file.h"
 
 namespace keel::data {
 namespace fs = std::filesystem;
@@ -122,6 +118,9 @@ DatasetMeta parse_meta(std::string_view text, const std::string& path) {
   if (m.boundary_id >= m.vocab_size) fail(path, "boundary_id is not below vocab_size");
   m.seq_len = j.contains("seq_len") ? get_count(j, "seq_len", path) : 0;
   if (j.contains("tokenizer")) m.tokenizer = j["tokenizer"];
+  m.provenance = nlohmann::json::object();
+  for (const char* key : {"inputs", "sources"})
+    if (j.contains(key)) m.provenance[key] = j[key];
   if (!m.tokenizer.is_object()) fail(path, "missing 'tokenizer' object");
   auto splits = j.find("splits");
   if (splits == j.end() || !splits->is_object() || splits->empty())
@@ -224,43 +223,6 @@ std::vector<IndexRecord> check_index_bytes(const uint8_t* data, size_t size,
   return records;
 }
 
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      fail(path, std::string("cannot open (") + std::strerror(errno) + ")",
-           "is data.path the directory `keel prepare` wrote?");
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      fail(path, "not a regular file");
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        fail(path, std::string("mmap failed (") + std::strerror(errno) + ")");
-      }
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    ::close(fd);
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const uint8_t* data() const { return data_ ? data_ : reinterpret_cast<const uint8_t*>(""); }
-  size_t size() const { return size_; }
-
- private:
-  std::string path_;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 namespace {
 
 // Where to suggest `keel prepare` writes the dataset for raw text in `dir`: beside it, never into
@@ -338,7 +300,7 @@ std::unique_ptr<ShardSet> ShardSet::open(const std::string& dir, const std::stri
   const SplitMeta& sm = it->second;
   int64_t start = 0;
   for (const auto& e : sm.shards) {
-    auto file = std::make_unique<MappedFile>(dir + "/" + e.file);
+    auto file = std::make_shared<const MappedFile>(dir + "/" + e.file);
     check_shard_bytes(file->data(), file->size(), dir + "/" + e.file, e, set->meta_.token_bytes,
                       set->meta_.vocab_size);
     set->starts_.push_back(start);
@@ -350,6 +312,31 @@ std::unique_ptr<ShardSet> ShardSet::open(const std::string& dir, const std::stri
   set->total_tokens_ = start;
   MappedFile index(dir + "/" + sm.index_file);
   set->index_ = check_index_bytes(index.data(), index.size(), dir + "/" + sm.index_file, sm);
+  return set;
+}
+
+std::unique_ptr<ShardSet> ShardSet::from_parts(std::string dir, std::string split, DatasetMeta meta,
+                                               std::vector<StreamPart> parts,
+                                               std::vector<IndexRecord> index) {
+  std::unique_ptr<ShardSet> set(new ShardSet());
+  SplitMeta sm;
+  int64_t start = 0;
+  for (auto& part : parts) {
+    sm.shards.push_back({part.name, part.tokens, 0});
+    set->starts_.push_back(start);
+    set->payloads_.push_back(part.payload);
+    set->files_.push_back(std::move(part.file));
+    start += part.tokens;
+  }
+  set->starts_.push_back(start);
+  set->total_tokens_ = start;
+  sm.tokens = start;
+  sm.records = static_cast<int64_t>(index.size());
+  meta.splits[split] = std::move(sm);
+  set->dir_ = std::move(dir);
+  set->split_ = std::move(split);
+  set->meta_ = std::move(meta);
+  set->index_ = std::move(index);
   return set;
 }
 

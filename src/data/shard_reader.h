@@ -36,8 +36,9 @@ struct DatasetMeta {
   int64_t vocab_size = 0;
   uint32_t token_bytes = 2;
   uint32_t boundary_id = 0;
-  int64_t seq_len = 0;       // the sequence length prepare packed for (0 = unknown)
-  nlohmann::json tokenizer;  // {kind: byte|spm, model: file, ...}
+  int64_t seq_len = 0;        // the sequence length prepare packed for (0 = unknown)
+  nlohmann::json tokenizer;   // {kind: byte|spm, model: file, ...}
+  nlohmann::json provenance;  // {inputs, sources} of meta.json, as written (data/provenance.h)
   std::map<std::string, SplitMeta> splits;
 };
 
@@ -53,10 +54,24 @@ std::vector<IndexRecord> check_index_bytes(const uint8_t* data, size_t size,
 
 class MappedFile;
 
+// One stretch of a split's token stream that lies in a mapped file: `tokens` tokens of the meta's
+// token_bytes each, from `payload` on. Readers of other formats (data/foreign_formats.h) hand their
+// stream over as parts.
+struct StreamPart {
+  std::shared_ptr<const MappedFile> file;
+  std::string name;  // relative to the set's dir(), as shard_at() reports it
+  const uint8_t* payload = nullptr;
+  int64_t tokens = 0;
+};
+
 class ShardSet {
  public:
   // Opens split `split` ("train", "val") of the dataset in `dir`. Throws DataError.
   static std::unique_ptr<ShardSet> open(const std::string& dir, const std::string& split);
+  // A split already checked by its reader: `parts` in stream order, `index` sorted by offset.
+  static std::unique_ptr<ShardSet> from_parts(std::string dir, std::string split, DatasetMeta meta,
+                                              std::vector<StreamPart> parts,
+                                              std::vector<IndexRecord> index);
   ~ShardSet();
   ShardSet(const ShardSet&) = delete;
   ShardSet& operator=(const ShardSet&) = delete;
@@ -79,7 +94,7 @@ class ShardSet {
   std::string dir_;
   std::string split_;
   DatasetMeta meta_;
-  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<std::shared_ptr<const MappedFile>> files_;
   std::vector<const uint8_t*> payloads_;
   std::vector<int64_t> starts_;  // first stream position of each shard, plus the total at the end
   std::vector<IndexRecord> index_;

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "data/parquet_input.h"
 
 namespace keel::data {
 namespace fs = std::filesystem;
@@ -94,8 +95,9 @@ class DocumentReader::Stream {
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
                                      const InputOptions& options,
                                      std::vector<std::string>* skipped) {
-  if (options.format != "auto" && options.format != "text" && options.format != "jsonl")
-    throw DataError("--format " + options.format + ": expected auto, text or jsonl");
+  if (options.format != "auto" && options.format != "text" && options.format != "jsonl" &&
+      options.format != "parquet")
+    throw DataError("--format " + options.format + ": expected auto, text, jsonl or parquet");
   std::vector<std::string> paths;
   for (const auto& spec : specs) {
     std::vector<std::string> matched;
@@ -132,6 +134,11 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
     if (ec || !seen.insert(canonical).second) continue;  // the same file named twice
     std::string base = strip_compression(p);
     bool compressed = base != p;
+    if (options.format == "parquet" || (options.format == "auto" && !compressed &&
+                                        (ends_with(base, ".parquet") || is_parquet_file(p)))) {
+      files.push_back({p, false, true});
+      continue;
+    }
     if (!compressed) {
       // A NUL byte in the first 4 KiB marks a binary file (e.g. fortune's .dat indexes).
       std::FILE* f = std::fopen(p.c_str(), "rb");
@@ -158,10 +165,20 @@ DocumentReader::DocumentReader(std::vector<InputFile> files, InputOptions option
 
 DocumentReader::~DocumentReader() = default;
 
+int64_t DocumentReader::bytes_read() const {
+  return bytes_ + (parquet_ ? parquet_->bytes_read() : 0);
+}
+
 bool DocumentReader::open_next_file() {
   stream_.reset();
+  parquet_.reset();
   if (++current_ >= static_cast<int64_t>(files_.size())) return false;
-  stream_ = std::make_unique<Stream>(files_[current_].path);
+  const InputFile& f = files_[current_];
+  if (f.parquet) {
+    parquet_ = std::make_unique<ParquetRows>(f.path, options_.text_field, options_.id_field);
+    return true;
+  }
+  stream_ = std::make_unique<Stream>(f.path);
   buffer_.clear();
   buffer_pos_ = 0;
   line_no_ = 0;
@@ -197,11 +214,20 @@ bool DocumentReader::read_line(std::string& line) {
 bool DocumentReader::next(Document& doc) {
   std::string line;
   while (true) {
-    if (!stream_ && !open_next_file()) return false;
+    if (!stream_ && !parquet_ && !open_next_file()) return false;
     const InputFile& f = files_[current_];
     doc.file = current_;
     doc.text.clear();
-    if (f.jsonl) {
+    doc.id.clear();
+    if (f.parquet) {
+      if (parquet_->next(doc.text, doc.id, doc.line)) return true;
+      if (parquet_->null_rows() > 0 && invalid_ == 0)
+        first_invalid_ = f.path + ": a row whose '" + options_.text_field + "' is null";
+      invalid_ += parquet_->null_rows();
+      bytes_ += parquet_->bytes_read();
+      parquet_.reset();
+      continue;
+    } else if (f.jsonl) {
       while (read_line(line)) {
         if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
         auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -214,6 +240,10 @@ bool DocumentReader::next(Document& doc) {
         }
         doc.text = it->get<std::string>();
         doc.line = line_no_;
+        if (auto id = j.find(options_.id_field); id != j.end())
+          doc.id = id->is_string()   ? id->get<std::string>()
+                   : id->is_number() ? id->dump()
+                                     : std::string();
         return true;
       }
     } else if (options_.separator.empty()) {

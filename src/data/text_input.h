@@ -1,7 +1,8 @@
 // The inputs of `keel prepare`: which files (paths, directories walked recursively, shell globs),
 // how to read them (plain, gzip, zstd by extension) and how to cut them into documents (a file per
-// document, documents separated by a line equal to a separator, or JSONL records with a text
-// field). Reading is streaming: one document at a time.
+// document, documents separated by a line equal to a separator, JSONL records with a text field,
+// or parquet rows with a text column, data/parquet_input.h). Reading is streaming: one document
+// (parquet: one row group) at a time.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +12,22 @@
 
 namespace keel::data {
 
+class ParquetRows;
+
 struct InputOptions {
-  std::string format = "auto";      // auto|text|jsonl; auto: .jsonl/.ndjson (+.gz/.zst) are JSONL
-  std::string text_field = "text";  // JSONL: the key holding the document text
-  std::string separator;            // text: a line equal to this ends a document; "" = one per file
+  // auto|text|jsonl|parquet; auto: .jsonl/.ndjson (+.gz/.zst) are JSONL, .parquet (or a file that
+  // starts with parquet's magic) parquet, the rest text
+  std::string format = "auto";
+  std::string text_field = "text";  // JSONL key / parquet column holding the document text
+  std::string id_field = "id";  // JSONL key / parquet column of the record's own id (provenance)
+  std::string separator;        // text: a line equal to this ends a document; "" = one per file
 };
 
 struct InputFile {
   std::string path;
   bool jsonl = false;
+  bool parquet = false;
+  const char* format() const { return parquet ? "parquet" : jsonl ? "jsonl" : "text"; }
 };
 
 // Expands files, directories and globs into a sorted, de-duplicated list of readable files
@@ -32,7 +40,9 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
 struct Document {
   std::string text;
   int64_t file = 0;  // index into the expanded input list
-  int64_t line = 0;  // 1-based line where the document starts (JSONL: its record's line)
+  int64_t line = 0;  // 1-based line where the document starts (JSONL: its record's line); for
+                     // parquet its 0-based row
+  std::string id;    // JSONL, parquet: the record's id field (a string, or a number as written)
 };
 
 // Reads every document of the input files, in order.
@@ -43,7 +53,7 @@ class DocumentReader {
   // False at the end of the inputs. JSONL lines that are not JSON objects with a string text
   // field are skipped and counted (invalid_records()); the first is named in first_invalid().
   bool next(Document& doc);
-  int64_t bytes_read() const { return bytes_; }
+  int64_t bytes_read() const;
   int64_t invalid_records() const { return invalid_; }
   const std::string& first_invalid() const { return first_invalid_; }
 
@@ -55,6 +65,7 @@ class DocumentReader {
   std::vector<InputFile> files_;
   InputOptions options_;
   std::unique_ptr<Stream> stream_;
+  std::unique_ptr<ParquetRows> parquet_;
   int64_t current_ = -1, line_no_ = 0, bytes_ = 0, invalid_ = 0;
   std::string first_invalid_;
   std::string buffer_;

@@ -89,7 +89,38 @@ class SpmTokenizer : public Tokenizer {
   sentencepiece::SentencePieceProcessor sp_;
 };
 
+// Pre-tokenized data: the ids are all there is; forensics still shows where the boundary falls.
+class IdTokenizer : public Tokenizer {
+ public:
+  IdTokenizer(int64_t vocab_size, uint32_t boundary_id)
+      : vocab_size_(vocab_size), boundary_id_(boundary_id) {}
+  void encode(std::string_view, std::vector<uint32_t>&) const override {
+    throw DataError(
+        "pre-tokenized data (data.source megatron or llmc) carries no tokenizer, so text cannot "
+        "become ids; HINT: prepare text with `keel prepare --tokenizer hf:tokenizer.json`");
+  }
+  std::string decode(const int64_t* ids, size_t n) const override {
+    std::string s;
+    for (size_t i = 0; i < n; ++i)
+      s += ids[i] == boundary_id_ ? std::string(kBoundaryText) : "<" + std::to_string(ids[i]) + ">";
+    return s;
+  }
+  int64_t vocab_size() const override { return vocab_size_; }
+  uint32_t boundary_id() const override { return boundary_id_; }
+  nlohmann::json describe() const override {
+    return {{"kind", "ids"}, {"vocab_size", vocab_size_}, {"boundary_id", boundary_id_}};
+  }
+
+ private:
+  int64_t vocab_size_;
+  uint32_t boundary_id_;
+};
+
 }  // namespace
+
+std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size, uint32_t boundary_id) {
+  return std::make_unique<IdTokenizer>(vocab_size, boundary_id);
+}
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
@@ -122,6 +153,9 @@ std::unique_ptr<Tokenizer> tokenizer_from_meta(const nlohmann::json& tokenizer,
           ? tokenizer["kind"].get<std::string>()
           : "";
   if (kind == "byte") return make_byte_tokenizer();
+  if (kind == "ids")
+    return make_id_tokenizer(tokenizer.value("vocab_size", int64_t{0}),
+                             tokenizer.value("boundary_id", uint32_t{0}));
   if (kind == "spm") {
     std::string model = tokenizer.contains("model") && tokenizer["model"].is_string()
                             ? tokenizer["model"].get<std::string>()

@@ -5,6 +5,8 @@
 //   spm-train:VOCAB  trains a SentencePiece (unigram, byte fallback) model on the prepared text
 //   hf:FILE   a Hugging Face tokenizer.json with a BPE model (data/hf_bpe.h); the boundary is its
 //             eos token
+//   ids       pre-tokenized data (data.source megatron / llmc) carries no tokenizer: decoding shows
+//             the ids, encoding is refused
 // encode() and decode() are const and thread-safe.
 #pragma once
 
@@ -34,6 +36,7 @@ inline constexpr uint32_t kByteBoundaryId = 256;
 inline constexpr const char* kBoundaryText = "<|endoftext|>";
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
+std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size, uint32_t boundary_id);
 // Loads a SentencePiece model file; throws DataError naming it when it cannot.
 std::unique_ptr<Tokenizer> load_spm_tokenizer(const std::string& model_path);
 // Trains a SentencePiece model on `text_file` (one sentence per line); writes PREFIX.model and

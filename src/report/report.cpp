@@ -56,8 +56,8 @@ std::string forensics_rows(const Forensics& f) {
     out += "<span class=\"muted\">no samples.json</span>";
   } else {
     out +=
-        "<table class=\"samples\"><tr><th>#</th><th>sample</th><th>loss</th><th>text (the "
-        "decoded tokens)</th></tr>\n";
+        "<table class=\"samples\"><tr><th>#</th><th>sample</th><th>loss</th><th>from</th>"
+        "<th>text (the decoded tokens)</th></tr>\n";
     for (size_t i = 0; i < f.samples.size(); ++i) {
       const ForensicSample& s = f.samples[i];
       if (i == 3)  // the top three shown, the rest behind <details>
@@ -66,9 +66,10 @@ std::string forensics_rows(const Forensics& f) {
             f.samples.size() - 3);
       out += fmt::format(
           "<tr class=\"sample\"><td class=\"num\">{}</td><td class=\"num mono\">{}</td>"
-          "<td class=\"num\">{}</td><td class=\"sample-text\" title=\"{}\">{}</td></tr>\n",
-          i + 1, s.id, opt_number(s.loss), escape(svg::truncate_utf8(s.text, 4000)),
-          escape(svg::truncate_utf8(s.text, 360)));
+          "<td class=\"num\">{}</td><td class=\"mono\">{}</td>"
+          "<td class=\"sample-text\" title=\"{}\">{}</td></tr>\n",
+          i + 1, s.id, opt_number(s.loss), escape(s.origin.empty() ? "-" : s.origin),
+          escape(svg::truncate_utf8(s.text, 4000)), escape(svg::truncate_utf8(s.text, 360)));
     }
     out += f.samples.size() > 3 ? "</table></details>" : "</table>";
   }
@@ -183,7 +184,23 @@ std::string incidents_section(const PlotContext& c) {
   if (screens > 0)
     out += fmt::format("<br>The screen masked {} samples in {} steps (events <i>screen</i>).",
                        masked, screens);
-  out += "</p>\n</section>\n";
+  out += "</p>\n";
+  if (!run.quarantine_first.empty()) {
+    out += fmt::format(
+        "<table class=\"samples\"><tr><th>step</th><th>sample</th><th>reason</th><th>from (input "
+        "record, else shard and offset)</th></tr>\n");
+    for (const auto& q : run.quarantine_first)
+      out += fmt::format(
+          "<tr><td class=\"num\">{}</td><td class=\"num mono\">{}</td><td>{}</td>"
+          "<td class=\"mono\">{}</td></tr>\n",
+          q.step, q.id, escape(q.reason), escape(q.origin.empty() ? "-" : q.origin));
+    out += "</table>\n";
+    if (run.quarantined > static_cast<int64_t>(run.quarantine_first.size()))
+      out +=
+          fmt::format("<p class=\"muted\">The first {} of {}; quarantine.jsonl has them all.</p>\n",
+                      run.quarantine_first.size(), run.quarantined);
+  }
+  out += "</section>\n";
   return out;
 }
 

@@ -50,7 +50,14 @@ struct EvalPoint {
 struct ForensicSample {
   int64_t id = -1;
   std::optional<double> loss;
-  std::string text;  // decoded tokens, as written
+  std::string text;    // decoded tokens, as written
+  std::string origin;  // where it came from: "FILE:LINE id ID", else "SHARD @ OFFSET"; "" unknown
+};
+
+// A quarantine.jsonl record, as the page lists the first of them.
+struct QuarantinedSample {
+  int64_t id = -1, step = -1;
+  std::string reason, origin;
 };
 
 // RUN_DIR/forensics/step_N[-iterI]/: what the trainer saved at a pause.
@@ -97,6 +104,8 @@ struct RunStatus {
   std::optional<double> wall_s;  // summed over the starts with an end
 };
 
+inline constexpr size_t kQuarantineListed = 20;
+
 struct RunRecord {
   std::string run_dir;
   Metrics metrics;
@@ -106,6 +115,7 @@ struct RunRecord {
   std::vector<Incident> incidents;
   int64_t quarantined = 0;
   std::map<std::string, int64_t> quarantined_by_reason;
+  std::vector<QuarantinedSample> quarantine_first;  // the first kQuarantineListed records
   RunStatus status;
   // config.resolved.yaml flattened: "stability.warn_factor" → "5.0", sequences as "[a, b]" and
   // each fault as "faults[0]" → "{kind: lr_spike, ...}"; in file order.

@@ -54,6 +54,22 @@ std::string string_or(const json& j, const char* key, const std::string& fallbac
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
+// Where a sample came from, for a person to open: its input record ("FILE:LINE id ID", from the
+// loader's "source"), else its place in the shards ("SHARD @ OFFSET"); "" when neither is known.
+std::string origin_of(const json& where) {
+  if (!where.is_object()) return "";
+  if (const auto s = where.find("source"); s != where.end() && s->is_object()) {
+    std::string out = string_or(*s, "file");
+    if (const auto line = integer(*s, "line")) out += ":" + std::to_string(*line);
+    if (const auto id = s->find("id"); id != s->end() && id->is_string())
+      out += " id " + id->get<std::string>();
+    if (!out.empty()) return out;
+  }
+  if (const std::string shard = string_or(where, "shard"); !shard.empty())
+    return shard + " @ " + std::to_string(integer(where, "offset").value_or(0));
+  return "";
+}
+
 // Calls `use` with every line of `path` that is a JSON object; a line that is not, or that `use`
 // refuses (returns false, or throws a json error), is counted in a note. A last line without its
 // newline that does not parse is a write in progress (or cut short by a crash): its own note.
@@ -233,6 +249,7 @@ void read_forensics(const fs::path& dir, RunRecord& run) {
         sample.id = integer(s, "sample_id").value_or(integer(s, "id").value_or(-1));
         sample.loss = number(s, "loss");
         sample.text = string_or(s, "text");
+        if (const auto w = s.find("where"); w != s.end()) sample.origin = origin_of(*w);
         f.samples.push_back(std::move(sample));
       }
     }
@@ -346,6 +363,9 @@ void read_quarantine(const fs::path& path, RunRecord& run) {
       path,
       [&](const json& j) {
         const std::string reason = string_or(j, "reason", "?");
+        if (run.quarantine_first.size() < kQuarantineListed)
+          run.quarantine_first.push_back({integer(j, "id").value_or(-1),
+                                          integer(j, "step").value_or(-1), reason, origin_of(j)});
         ++run.quarantined;
         ++run.quarantined_by_reason[reason];
         std::optional<size_t> owner;

@@ -50,9 +50,13 @@ void Forensics::write(const TrainCounters& at, const StepSamples& step,
   nlohmann::json samples = nlohmann::json::array();
   for (int64_t i = 0; i < k; ++i) {
     int64_t row = top_index[i].item<int64_t>();
-    samples.push_back({{"sample_id", ids[row].item<int64_t>()},
-                       {"loss", top_losses[i].item<double>()},
-                       {"text", data_->decode(tokens[row])}});
+    const int64_t id = ids[row].item<int64_t>();
+    nlohmann::json sample = {{"sample_id", id},
+                             {"loss", top_losses[i].item<double>()},
+                             {"text", data_->decode(tokens[row])}};
+    // Where it lies in the data (shard, offset) and where it came from (input file, line, id).
+    if (auto where = data_->locate(id); !where.empty()) sample["where"] = std::move(where);
+    samples.push_back(std::move(sample));
   }
   nlohmann::json layers_json = nlohmann::json::object();
   if (signals.contains("layer_grad_norms"))

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -167,6 +168,57 @@ TEST_F(DefencesOnShards, QuarantineRecordsNameTheShardAndOffset) {
   auto m = read_jsonl(d.path() / "metrics.jsonl").back();
   for (const char* k : {"sample_loss", "doc_len", "bucket_mix", "grad_norm_layers", "clip_rate"})
     EXPECT_TRUE(m.contains(k)) << k << " missing from " << m.dump();
+}
+
+// A quarantined sample names the raw record it came from: the JSONL file, the record's line and its
+// id field (the fortunes as JSONL, one record per line, so record k is on line k + 1); the report
+// lists it.
+TEST(DefencesProvenance, QuarantineNamesTheJsonlFileLineAndId) {
+  if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  ScratchDir d("provenance_jsonl");
+  std::ifstream in(kFortunes);
+  std::ofstream jsonl(d.path() / "fortunes.jsonl");
+  std::string line, doc;
+  int64_t records = 0;
+  while (std::getline(in, line)) {
+    if (line != "%") {
+      doc += line + "\n";
+      continue;
+    }
+    if (!doc.empty())
+      jsonl << nlohmann::json{{"id", "fortune-" + std::to_string(records++)}, {"text", doc}}.dump()
+            << "\n";
+    doc.clear();
+  }
+  jsonl.close();
+  const std::string input = d / "fortunes.jsonl", data = d / "data";
+  auto r = run_keel("prepare --input " + input + " --output " + data + " --seq-len 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ScratchDir run("provenance_jsonl_run");
+  r = run_keel(defaults(run, 60,
+                        "--set data.source=shards --set data.path=" + data +
+                            " --set model.vocab_size=auto --set model.seq_len=64"
+                            " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, "
+                            "at_step: 40, steps: 3}]'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto quarantine = read_jsonl(run.path() / "quarantine.jsonl");
+  ASSERT_GE(quarantine.size(), 16u);
+  for (const auto& q : quarantine) {
+    ASSERT_TRUE(q.contains("source")) << q.dump();
+    const auto& source = q["source"];
+    EXPECT_EQ(source["file"], input) << q.dump();
+    const int64_t doc_id = q["doc_id"].get<int64_t>();
+    EXPECT_EQ(source["line"].get<int64_t>(), doc_id + 1) << q.dump();
+    EXPECT_EQ(source["id"], "fortune-" + std::to_string(doc_id)) << q.dump();
+  }
+  r = run_keel("report " + run.str());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream html(run.path() / "report.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), {});
+  const auto& first = quarantine.front()["source"];
+  EXPECT_NE(page.find(input + ":" + std::to_string(first["line"].get<int64_t>()) + " id " +
+                      first["id"].get<std::string>()),
+            std::string::npos);
 }
 
 // keel validate walks the seed's checklist item by item and warns where an item is off.

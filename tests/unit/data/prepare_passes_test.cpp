@@ -44,6 +44,7 @@ TEST(DedupPass, DecidesEveryDocumentInCorpusOrder) {
   o.repetition.max_repeated_share = 0.4;
   o.repetition.max_top_char_share = 0.5;
   const auto files = corpus(dir, docs);
+  std::filesystem::create_directories(o.output);  // pass 1 writes the provenance there
 
   const DedupResult r = dedup_pass(o, files, 1, "");
   ASSERT_EQ(r.status.size(), docs.size());
@@ -63,6 +64,10 @@ TEST(DedupPass, DecidesEveryDocumentInCorpusOrder) {
   const DedupResult threaded = dedup_pass(o, files, 3, "");  // the same decisions
   EXPECT_EQ(threaded.status, r.status);
   EXPECT_EQ(threaded.lengths, r.lengths);
+  EXPECT_EQ(threaded.clusters, r.clusters);
+  ASSERT_EQ(r.clusters.size(), docs.size());
+  EXPECT_EQ(r.clusters[20], r.clusters[4]);  // an exact duplicate has the same MinHash signature
+  EXPECT_EQ(r.sources["index"]["records"], docs.size());
 }
 
 TEST(PackPass, SplitsAndKeepsWholeDocumentsOnWindowBoundaries) {

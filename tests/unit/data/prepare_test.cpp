@@ -6,8 +6,10 @@
 #include <zlib.h>
 #include <zstd.h>
 #include <algorithm>
+#include <fstream>
 
 #include "common/error.h"
+#include "data/provenance.h"
 #include "data/shard_reader.h"
 #include "data/tokenizer.h"
 #include "data_test_util.h"
@@ -259,6 +261,77 @@ TEST(Prepare, ReportsProgressForBothPassesUpToTheReportsTotals) {
   EXPECT_EQ(seen.back().pass, 2);
   EXPECT_EQ(seen.back().bytes_read, seen.back().bytes_total);
   EXPECT_EQ(seen.back().tokens_out, r["tokens_out"].get<int64_t>());
+}
+
+// --cluster minhash (the default): two documents share a cluster with probability the Jaccard
+// similarity of their shingles. Families of edited copies of one text (similar, kept: near dedup
+// is off) share clusters often; documents of different families never; by text hash, never.
+TEST(Prepare, MinHashClustersGroupSimilarDocuments) {
+  constexpr int kFamilies = 5, kVariants = 10;
+  std::mt19937_64 rng(5);
+  std::vector<std::string> docs;
+  for (int f = 0; f < kFamilies; ++f) {
+    const auto base = testing::random_words(rng, 60);
+    for (int v = 0; v < kVariants; ++v)
+      docs.push_back(testing::join(testing::mutate(base, 3, rng)));
+  }
+  auto shared_pairs = [&](ClusterBy by, const std::string& name) {
+    ScratchDir dir(name);
+    PrepareOptions o;
+    o.near_dedup = false;
+    o.cluster = by;
+    auto report = testing::prepare_docs(dir, docs, o);
+    EXPECT_EQ(report["clusters"]["by"], by == ClusterBy::kMinHash ? "minhash" : "hash");
+    auto set = ShardSet::open(dir / "out", "train");
+    const auto& recs = set->documents();
+    EXPECT_EQ(recs.size(), docs.size());
+    int within = 0, across = 0;
+    for (size_t i = 0; i < recs.size(); ++i)
+      for (size_t j = i + 1; j < recs.size(); ++j)
+        if (recs[i].cluster == recs[j].cluster)
+          ++(recs[i].doc_id / kVariants == recs[j].doc_id / kVariants ? within : across);
+    return std::pair{within, across};
+  };
+  const int pairs_within = kFamilies * kVariants * (kVariants - 1) / 2;  // 225
+  const auto [within, across] = shared_pairs(ClusterBy::kMinHash, "prepare_minhash_clusters");
+  EXPECT_GT(within, pairs_within / 4) << "similar documents should often share a cluster";
+  EXPECT_EQ(across, 0);
+  const auto [within_hash, across_hash] = shared_pairs(ClusterBy::kHash, "prepare_hash_clusters");
+  EXPECT_EQ(within_hash, 0);
+  EXPECT_EQ(across_hash, 0);
+}
+
+// Every input document's provenance: its file, the line it starts on and (JSONL) its id field;
+// a damaged provenance file is refused.
+TEST(Prepare, ProvenanceNamesFileLineAndIdOfEveryDocument) {
+  ScratchDir dir("prepare_provenance");
+  std::filesystem::create_directories(dir / "in");
+  testing::write_text(dir / "in/a.jsonl",
+                      "{\"id\": \"doc-7\", \"text\": \"alpha beta gamma\"}\n\n"
+                      "{\"text\": \"delta epsilon\"}\n"
+                      "{\"id\": 12, \"text\": \"zeta eta theta\"}\n");
+  testing::write_text(dir / "in/b.txt", "one\ntwo\n%\nthree\nfour\n");
+  PrepareOptions o;
+  o.inputs = {dir / "in"};
+  o.output = dir / "out";
+  o.input.separator = "%";
+  prepare(o);
+  const auto meta = nlohmann::json::parse(testing::read_bytes(dir / "out/meta.json"));
+  const auto p = Provenance::open(dir / "out", meta);
+  const std::string a = dir / "in/a.jsonl", b = dir / "in/b.txt";
+  EXPECT_EQ(p->where(0), (nlohmann::json{{"file", a}, {"line", 1}, {"id", "doc-7"}}));
+  EXPECT_EQ(p->where(1), (nlohmann::json{{"file", a}, {"line", 3}}));
+  EXPECT_EQ(p->where(2), (nlohmann::json{{"file", a}, {"line", 4}, {"id", "12"}}));
+  EXPECT_EQ(p->where(3), (nlohmann::json{{"file", b}, {"line", 1}}));
+  EXPECT_EQ(p->where(4), (nlohmann::json{{"file", b}, {"line", 4}}));
+  EXPECT_EQ(p->where(5), nlohmann::json({{"file", b}}));  // past the last document: its file only
+  // One flipped byte in a record: the checksum no longer matches.
+  {
+    std::fstream f(dir / "out/sources.idx", std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(64 + 8);
+    f.put('\x55');
+  }
+  EXPECT_THROW(Provenance::open(dir / "out", meta), DataError);
 }
 
 }  // namespace

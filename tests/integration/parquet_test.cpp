@@ -1,0 +1,106 @@
+// keel prepare on parquet: a file pyarrow writes (tests/tools/jsonl_to_parquet.py, in small row
+// groups) prepares to the same shards as the same rows given as JSONL; a quarantined sample from
+// it names the parquet file, its row and its id.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "harness.h"
+
+namespace keel::testing {
+namespace {
+
+const char* kFortunes = "/usr/share/games/fortunes/fortunes";
+
+std::string read_all(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The fortunes as JSONL records {id: "fortune-K", text}, one per line; returns how many.
+int64_t write_fortunes_jsonl(const std::filesystem::path& out_path) {
+  std::ifstream in(kFortunes);
+  std::ofstream out(out_path);
+  std::string line, doc;
+  int64_t records = 0;
+  while (std::getline(in, line)) {
+    if (line != "%") {
+      doc += line + "\n";
+      continue;
+    }
+    if (!doc.empty())
+      out << nlohmann::json{{"id", "fortune-" + std::to_string(records++)}, {"text", doc}}.dump()
+          << "\n";
+    doc.clear();
+  }
+  return records;
+}
+
+TEST(ParquetInput, PreparesAsTheSameRowsInJsonlAndNamesTheRow) {
+  if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  const std::string python = setup_env_program("python");
+  ASSERT_FALSE(python.empty()) << "no python in the environment scripts/setup.sh makes";
+  ScratchDir dir("parquet_input");
+  const std::string jsonl = dir / "fortunes.jsonl", parquet = dir / "fortunes.parquet";
+  const int64_t records = write_fortunes_jsonl(jsonl);
+  ASSERT_GT(records, 300);
+  auto r = run_shell(python + " " + source_path("tests/tools/jsonl_to_parquet.py") + " " + jsonl +
+                     " " + parquet);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  for (const auto& [input, out] :
+       {std::pair{jsonl, dir / "from_jsonl"}, std::pair{parquet, dir / "from_parquet"}}) {
+    r = run_keel("prepare --input " + input + " --output " + out + " --seq-len 64");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const auto from_jsonl = dir.path() / "from_jsonl", from_parquet = dir.path() / "from_parquet";
+  const auto meta_j = nlohmann::json::parse(read_all(from_jsonl / "meta.json"));
+  const auto meta_p = nlohmann::json::parse(read_all(from_parquet / "meta.json"));
+  EXPECT_EQ(meta_p["inputs"][0]["format"], "parquet");
+  EXPECT_EQ(meta_p["counts"], meta_j["counts"]);
+  EXPECT_EQ(meta_p["splits"], meta_j["splits"]);  // every shard's and index's xxh3 included
+  for (const auto& e : std::filesystem::directory_iterator(from_jsonl)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind("train", 0) == 0 || name.rfind("val", 0) == 0)  // the shards and indexes
+      EXPECT_EQ(read_all(e.path()), read_all(from_parquet / name)) << name;
+  }
+
+  ScratchDir run("parquet_input_run");
+  r = run_keel("train --run-dir " + run.str() +
+               " --set data.source=shards --set data.path=" + from_parquet.string() +
+               " --set model.vocab_size=auto --set model.seq_len=64 --set run.max_steps=60"
+               " --set logging.progress=off --set eval.batches=2"
+               " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 40, "
+               "steps: 3}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto quarantine = read_jsonl(run.path() / "quarantine.jsonl");
+  ASSERT_GE(quarantine.size(), 16u);
+  for (const auto& q : quarantine) {
+    ASSERT_TRUE(q.contains("source")) << q.dump();
+    const auto& source = q["source"];
+    const int64_t doc_id = q["doc_id"].get<int64_t>();
+    EXPECT_EQ(source["file"], parquet) << q.dump();
+    EXPECT_EQ(source["row"].get<int64_t>(), doc_id) << q.dump();  // one document per row
+    EXPECT_EQ(source["id"], "fortune-" + std::to_string(doc_id)) << q.dump();
+    EXPECT_FALSE(source.contains("line")) << q.dump();
+  }
+}
+
+// A parquet file without the text column is refused (exit 2) with the columns it has.
+TEST(ParquetInput, AMissingTextColumnNamesTheColumnsThere) {
+  const std::string python = setup_env_program("python");
+  ASSERT_FALSE(python.empty()) << "no python in the environment scripts/setup.sh makes";
+  ScratchDir dir("parquet_columns");
+  write_file(dir.path() / "rows.jsonl", "{\"body\": \"some text\", \"n\": 1}\n");
+  auto r = run_shell(python + " " + source_path("tests/tools/jsonl_to_parquet.py") + " " +
+                     (dir / "rows.jsonl") + " " + (dir / "rows.parquet"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("prepare --input " + (dir / "rows.parquet") + " --output " + (dir / "out"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no string column 'text'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("body (string)"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "out" / "meta.json"));
+}
+
+}  // namespace
+}  // namespace keel::testing
