@@ -7,6 +7,8 @@
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "data/shard_format.h"
 
@@ -28,6 +30,43 @@ std::string normalize_text(std::string_view text) {
   return out;
 }
 
+namespace {
+
+// The window hashes one document has seen: open addressing in a power-of-two table kept at most
+// half full, reused by the thread from document to document. A node-based set made one heap
+// allocation per byte of input, and the allocator, not the hashing, bounded prepare's threads.
+class WindowSet {
+ public:
+  explicit WindowSet(size_t n) : table_(storage()) {
+    const size_t cap = std::bit_ceil(std::max<size_t>(2 * n, 16));
+    shift_ = 64 - std::countr_zero(cap);
+    table_.assign(cap, 0);
+  }
+  // False when `h` was there already.
+  bool insert(uint64_t h) {
+    if (h == 0) return !std::exchange(has_zero_, true);  // 0 marks an empty slot
+    const size_t mask = table_.size() - 1;
+    for (size_t i = (h * 0x9E3779B97F4A7C15ULL) >> shift_;; i = (i + 1) & mask) {
+      if (table_[i] == h) return false;
+      if (table_[i] == 0) {
+        table_[i] = h;
+        return true;
+      }
+    }
+  }
+
+ private:
+  static std::vector<uint64_t>& storage() {
+    thread_local std::vector<uint64_t> table;
+    return table;
+  }
+  std::vector<uint64_t>& table_;
+  int shift_ = 0;
+  bool has_zero_ = false;
+};
+
+}  // namespace
+
 double repeated_share(std::string_view text) {
   const size_t n = text.size();
   if (n < 2 * kRepeatSpan) return 0.0;
@@ -36,13 +75,12 @@ double repeated_share(std::string_view text) {
   constexpr uint64_t kBase = 0x100000001b3ULL;
   uint64_t drop = 1;  // kBase^(kRepeatSpan-1), to remove the byte leaving the window
   for (size_t i = 1; i < kRepeatSpan; ++i) drop *= kBase;
-  std::unordered_set<uint64_t> seen;
-  seen.reserve(n);
+  WindowSet seen(n);
   uint64_t h = 0;
   for (size_t i = 0; i < kRepeatSpan; ++i) h = h * kBase + static_cast<unsigned char>(text[i]);
   size_t covered = 0, covered_until = 0;  // bytes [.., covered_until) already counted
   for (size_t start = 0;; ++start) {
-    if (!seen.insert(h).second) {
+    if (!seen.insert(h)) {
       const size_t from = std::max(start, covered_until), to = start + kRepeatSpan;
       covered += to - from;
       covered_until = to;
