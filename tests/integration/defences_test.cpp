@@ -176,21 +176,7 @@ TEST_F(DefencesOnShards, QuarantineRecordsNameTheShardAndOffset) {
 TEST(DefencesProvenance, QuarantineNamesTheJsonlFileLineAndId) {
   if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "the fortunes package is not installed";
   ScratchDir d("provenance_jsonl");
-  std::ifstream in(kFortunes);
-  std::ofstream jsonl(d.path() / "fortunes.jsonl");
-  std::string line, doc;
-  int64_t records = 0;
-  while (std::getline(in, line)) {
-    if (line != "%") {
-      doc += line + "\n";
-      continue;
-    }
-    if (!doc.empty())
-      jsonl << nlohmann::json{{"id", "fortune-" + std::to_string(records++)}, {"text", doc}}.dump()
-            << "\n";
-    doc.clear();
-  }
-  jsonl.close();
+  ASSERT_GT(write_fortunes_jsonl(kFortunes, d.path() / "fortunes.jsonl"), 300);
   const std::string input = d / "fortunes.jsonl", data = d / "data";
   auto r = run_keel("prepare --input " + input + " --output " + data + " --seq-len 64");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -109,4 +109,24 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
   std::ofstream(path) << text;
 }
 
+// A fortune file (quotations separated by "%" lines) as JSONL records {id: "fortune-K", text}, one
+// per line, so record K is on line K + 1; returns how many.
+inline int64_t write_fortunes_jsonl(const std::string& fortunes, const std::filesystem::path& out) {
+  std::ifstream in(fortunes);
+  std::ofstream jsonl(out);
+  std::string line, doc;
+  int64_t records = 0;
+  while (std::getline(in, line)) {
+    if (line != "%") {
+      doc += line + "\n";
+      continue;
+    }
+    if (!doc.empty())
+      jsonl << nlohmann::json{{"id", "fortune-" + std::to_string(records++)}, {"text", doc}}.dump()
+            << "\n";
+    doc.clear();
+  }
+  return records;
+}
+
 }  // namespace keel::testing

@@ -17,32 +17,13 @@ std::string read_all(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// The fortunes as JSONL records {id: "fortune-K", text}, one per line; returns how many.
-int64_t write_fortunes_jsonl(const std::filesystem::path& out_path) {
-  std::ifstream in(kFortunes);
-  std::ofstream out(out_path);
-  std::string line, doc;
-  int64_t records = 0;
-  while (std::getline(in, line)) {
-    if (line != "%") {
-      doc += line + "\n";
-      continue;
-    }
-    if (!doc.empty())
-      out << nlohmann::json{{"id", "fortune-" + std::to_string(records++)}, {"text", doc}}.dump()
-          << "\n";
-    doc.clear();
-  }
-  return records;
-}
-
 TEST(ParquetInput, PreparesAsTheSameRowsInJsonlAndNamesTheRow) {
   if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "the fortunes package is not installed";
   const std::string python = setup_env_program("python");
   ASSERT_FALSE(python.empty()) << "no python in the environment scripts/setup.sh makes";
   ScratchDir dir("parquet_input");
   const std::string jsonl = dir / "fortunes.jsonl", parquet = dir / "fortunes.parquet";
-  const int64_t records = write_fortunes_jsonl(jsonl);
+  const int64_t records = write_fortunes_jsonl(kFortunes, jsonl);
   ASSERT_GT(records, 300);
   auto r = run_shell(python + " " + source_path("tests/tools/jsonl_to_parquet.py") + " " + jsonl +
                      " " + parquet);
