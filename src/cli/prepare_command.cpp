@@ -68,11 +68,14 @@ void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokeniz
   sub.add_option("--tokenizer", tokenizer,
                  "byte | spm:MODEL | spm-train:VOCAB | hf:PATH/tokenizer.json")
       ->capture_default_str();
-  sub.add_option("--format", o.input.format, "auto | text | jsonl")->capture_default_str();
-  sub.add_option("--text-field", o.input.text_field, "JSONL key holding the text")
+  sub.add_option("--format", o.input.format, "auto | text | jsonl | parquet")
       ->capture_default_str();
-  sub.add_option("--id-field", o.input.id_field,
-                 "JSONL key of a record's own id, kept with its file and line as provenance")
+  sub.add_option("--text-field", o.input.text_field, "JSONL key or parquet column holding the text")
+      ->capture_default_str();
+  sub.add_option(
+         "--id-field", o.input.id_field,
+         "JSONL key or parquet column of a record's own id, kept with its file and line (or "
+         "row) as provenance")
       ->capture_default_str();
   sub.add_option("--separator", o.input.separator,
                  "text: a line equal to this separates documents (default: one document per file)");
