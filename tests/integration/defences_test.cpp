@@ -181,13 +181,7 @@ TEST(DefencesProvenance, QuarantineNamesTheJsonlFileLineAndId) {
   auto r = run_keel("prepare --input " + input + " --output " + data + " --seq-len 64");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ScratchDir run("provenance_jsonl_run");
-  r = run_keel(defaults(run, 60,
-                        "--set data.source=shards --set data.path=" + data +
-                            " --set model.vocab_size=auto --set model.seq_len=64"
-                            " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, "
-                            "at_step: 40, steps: 3}]'"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto quarantine = read_jsonl(run.path() / "quarantine.jsonl");
+  const auto quarantine = quarantine_of_a_bad_region(data, run.path());
   ASSERT_GE(quarantine.size(), 16u);
   for (const auto& q : quarantine) {
     ASSERT_TRUE(q.contains("source")) << q.dump();

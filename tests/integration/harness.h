@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
@@ -107,6 +108,22 @@ inline std::string setup_env_program(const std::string& name) {
 
 inline void write_file(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path) << text;
+}
+
+// Trains the embedded config for 60 steps (T=64) on the prepared dataset `data` into `run_dir`,
+// with a 3-step region of random tokens at step 40, and returns quarantine.jsonl's records: the
+// samples that region set aside. Empty, with a failure recorded, when the run does not end well.
+inline std::vector<nlohmann::json> quarantine_of_a_bad_region(
+    const std::string& data, const std::filesystem::path& run_dir) {
+  const auto r = run_keel("train --run-dir " + run_dir.string() +
+                          " --set data.source=shards --set data.path=" + data +
+                          " --set model.vocab_size=auto --set model.seq_len=64"
+                          " --set run.max_steps=60 --set logging.progress=off"
+                          " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, "
+                          "at_step: 40, steps: 3}]'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? read_jsonl(run_dir / "quarantine.jsonl")
+                          : std::vector<nlohmann::json>{};
 }
 
 // A fortune file (quotations separated by "%" lines) as JSONL records {id: "fortune-K", text}, one

@@ -47,14 +47,7 @@ TEST(ParquetInput, PreparesAsTheSameRowsInJsonlAndNamesTheRow) {
   }
 
   ScratchDir run("parquet_input_run");
-  r = run_keel("train --run-dir " + run.str() +
-               " --set data.source=shards --set data.path=" + from_parquet.string() +
-               " --set model.vocab_size=auto --set model.seq_len=64 --set run.max_steps=60"
-               " --set logging.progress=off --set eval.batches=2"
-               " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 40, "
-               "steps: 3}]'");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto quarantine = read_jsonl(run.path() / "quarantine.jsonl");
+  const auto quarantine = quarantine_of_a_bad_region(from_parquet.string(), run.path());
   ASSERT_GE(quarantine.size(), 16u);
   for (const auto& q : quarantine) {
     ASSERT_TRUE(q.contains("source")) << q.dump();
