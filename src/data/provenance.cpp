@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "data/file_header_check.h"
 #include "data/mapped_file.h"
 #include "data/shard_format.h"
 
@@ -21,20 +22,15 @@ constexpr uint32_t kRecordBytes = 16;  // {uint64 line, uint64 id_end}
   throw DataError(path + ": " + what + "; HINT: re-run `keel prepare` to rebuild the dataset");
 }
 
-// Checks a provenance file's header, size and checksum against meta.json's entry; returns the
-// number of entries it holds.
+// Checks a provenance file (the shared header check, then its entry size, count and checksum
+// against meta.json's entry); returns the number of entries it holds.
 uint64_t check_file(const MappedFile& f, const char (&magic)[8], uint32_t elem_bytes,
                     uint64_t want_count, const nlohmann::json& entry) {
   const std::string& path = f.path();
-  if (f.size() < sizeof(FileHeader)) fail(path, "truncated header");
-  FileHeader h;
-  std::memcpy(&h, f.data(), sizeof h);
-  if (std::memcmp(h.magic, magic, 8) != 0 || h.version != kShardFormatVersion ||
-      xxh3(&h, offsetof(FileHeader, header_xxh3)) != h.header_xxh3 || h.elem_bytes != elem_bytes)
-    fail(path, "not a keel provenance file of this version, or its header is corrupt");
-  if (h.count != want_count || f.size() - sizeof h != h.count * elem_bytes)
-    fail(path, "holds " + std::to_string(f.size() - sizeof h) + " bytes, meta.json and the " +
-                   "header say " + std::to_string(want_count) + " entries of " +
+  const FileHeader h = check_file_header(f.data(), f.size(), path, magic, "provenance");
+  if (h.elem_bytes != elem_bytes || h.count != want_count)
+    fail(path, "holds " + std::to_string(h.count) + " entries of " + std::to_string(h.elem_bytes) +
+                   " bytes, meta.json says " + std::to_string(want_count) + " of " +
                    std::to_string(elem_bytes));
   const std::string want = entry.value("xxh3", std::string());
   if (hex64(h.payload_xxh3) != want ||

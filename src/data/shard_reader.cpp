@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/paths.h"
+#include "data/file_header_check.h"
 #include "data/mapped_file.h"
 
 namespace keel::data {
@@ -57,8 +58,10 @@ std::string what_magic(const uint8_t* data, size_t size) {
   return s;
 }
 
-FileHeader check_header(const uint8_t* data, size_t size, const std::string& path,
-                        const char (&magic)[8], const char* kind) {
+}  // namespace
+
+FileHeader check_file_header(const uint8_t* data, size_t size, const std::string& path,
+                             const char (&magic)[8], const char* kind) {
   if (size < sizeof(FileHeader))
     fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the 64-byte " + kind +
                    " header");
@@ -83,8 +86,6 @@ FileHeader check_header(const uint8_t* data, size_t size, const std::string& pat
   }
   return h;
 }
-
-}  // namespace
 
 DatasetMeta parse_meta(std::string_view text, const std::string& path) {
   nlohmann::json j;
@@ -158,7 +159,7 @@ DatasetMeta parse_meta(std::string_view text, const std::string& path) {
 
 FileHeader check_shard_bytes(const uint8_t* data, size_t size, const std::string& path,
                              const ShardEntry& expect, uint32_t token_bytes, int64_t vocab_size) {
-  FileHeader h = check_header(data, size, path, kShardMagic, "token shard");
+  FileHeader h = check_file_header(data, size, path, kShardMagic, "token shard");
   if (h.elem_bytes != token_bytes)
     fail(path, std::to_string(h.elem_bytes) + "-byte tokens, meta.json says " +
                    std::to_string(token_bytes) + " (mismatched dataset)");
@@ -195,7 +196,7 @@ FileHeader check_shard_bytes(const uint8_t* data, size_t size, const std::string
 
 std::vector<IndexRecord> check_index_bytes(const uint8_t* data, size_t size,
                                            const std::string& path, const SplitMeta& expect) {
-  FileHeader h = check_header(data, size, path, kIndexMagic, "document index");
+  FileHeader h = check_file_header(data, size, path, kIndexMagic, "document index");
   if (h.elem_bytes != sizeof(IndexRecord))
     fail(path, "records of " + std::to_string(h.elem_bytes) + " bytes, expected " +
                    std::to_string(sizeof(IndexRecord)));
