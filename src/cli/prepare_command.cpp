@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "data/prepare.h"
+#include "data/prepare_parts.h"
 #include "monitor/progress.h"
 
 namespace keel::cli {
@@ -60,8 +61,10 @@ namespace {
 
 // Inputs, output and tokenizer.
 void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokenizer) {
-  sub.add_option("--input", o.inputs, "input files, directories or globs")->required();
-  sub.add_option("--output", o.output, "dataset directory to write (new or empty)")->required();
+  sub.add_option("--input", o.inputs, "input files, directories or globs");
+  sub.add_option("--output", o.output,
+                 "dataset directory to write (new or empty); with --task, the directory of parts")
+      ->required();
   sub.add_flag("--overwrite", o.overwrite,
                "replace what --output holds: the new dataset is written beside it and swapped in "
                "whole at the end");
@@ -142,11 +145,59 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
       ->capture_default_str();
 }
 
+// One prepare over many processes or machines (data/prepare_parts.h).
+struct SplitOptions {
+  int task = -1, tasks = 0;
+  std::string merge;
+};
+
+void add_split_options(CLI::App& sub, SplitOptions& s) {
+  sub.add_option("--task", s.task,
+                 "with --tasks N: prepare only part I (0-based) of the input files, into "
+                 "OUTPUT/part-I-of-N, for --merge (e.g. --task $SLURM_ARRAY_TASK_ID)");
+  sub.add_option("--tasks", s.tasks, "the number of parts the input is split into (see --task)");
+  sub.add_option("--merge", s.merge,
+                 "PARTS: dedup over every part of PARTS (from --task runs) and write the dataset "
+                 "to --output, as one prepare over the same inputs would");
+}
+
+// --merge takes everything from the parts: a dataset-shaping flag beside it would be ignored.
+void refuse_flags_beside_merge(const CLI::App& sub) {
+  for (const auto* opt : sub.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name == "--merge" || name == "--output" || name == "--overwrite" ||
+        name == "--jobs" || name == "--help")
+      continue;
+    throw DataError(name + " with --merge: the parts' own options (from their --task runs, in " +
+                    "part.json) make the dataset; --merge takes only --output, --overwrite and " +
+                    "--jobs");
+  }
+}
+
+// Runs the prepare the flags ask for: one process, a --task part, or a --merge.
+nlohmann::json run_prepare(const data::PrepareOptions& o, const SplitOptions& s,
+                           const CLI::App& sub) {
+  if (!s.merge.empty()) {
+    refuse_flags_beside_merge(sub);
+    return data::merge_parts(s.merge, o);
+  }
+  if (o.inputs.empty())
+    throw DataError("--input is required: the files, directories or globs to prepare (or " +
+                    std::string("--merge PARTS to merge --task parts)"));
+  if (s.task >= 0 || s.tasks > 0) {
+    if (s.task < 0 || s.tasks < 1)
+      throw DataError("--task and --tasks go together: --task I --tasks N with 0 <= I < N");
+    return data::prepare_part(o, s.task, s.tasks);
+  }
+  return data::prepare(o);
+}
+
 // The command line as given, recorded in meta.json.
 std::string command_line(const data::PrepareOptions& o, const CLI::App& sub) {
   std::string command = "keel prepare";
   for (const auto& in : o.inputs) command += " --input " + in;
-  command += " --output " + o.output + " --tokenizer " + o.tokenizer.text();
+  command += " --output " + o.output;
+  if (sub.get_option("--merge")->count() == 0) command += " --tokenizer " + o.tokenizer.text();
   for (const auto* opt : sub.get_options()) {
     const std::string name = opt->get_name();
     if (opt->count() == 0 || name == "--input" || name == "--output" || name == "--tokenizer" ||
@@ -166,12 +217,14 @@ void register_prepare(CLI::App& app, int& exit_code) {
   auto no_exact = std::make_shared<bool>(false);
   auto no_near = std::make_shared<bool>(false);
   auto tokenizer = std::make_shared<std::string>("byte");
+  auto split = std::make_shared<SplitOptions>();
   auto* sub = app.add_subcommand("prepare",
                                  "turn raw text (files, dirs, globs; text or JSONL; "
                                  "gzip/zstd) into verified training shards");
   add_io_options(*sub, *o, *tokenizer);
   add_dedup_options(*sub, *o, *shingle, *no_exact, *no_near);
   add_filter_and_packing_options(*sub, *o);
+  add_split_options(*sub, *split);
   sub->footer(
       "Examples:\n"
       "  keel prepare --input corpus/ --output data/corpus                  # byte tokenizer, "
@@ -180,8 +233,14 @@ void register_prepare(CLI::App& app, int& exit_code) {
       "  keel prepare --input /usr/share/games/fortunes --output data/fortunes --separator % "
       "--val-fraction 0.05\n"
       "  keel prepare --input corpus/ --output data/corpus --overwrite      # replace that "
-      "dataset");
-  sub->callback([o, shingle, no_exact, no_near, tokenizer, &exit_code, sub] {
+      "dataset\n"
+      "  keel prepare --input 'dumps/*.jsonl.zst' --output parts --task 0 --tasks 2  # part 1 "
+      "of 2 (one machine)\n"
+      "  keel prepare --input 'dumps/*.jsonl.zst' --output parts --task 1 --tasks 2  # part 2 "
+      "of 2 (another)\n"
+      "  keel prepare --merge parts --output data/dumps                     # the dataset from "
+      "both");
+  sub->callback([o, shingle, no_exact, no_near, tokenizer, split, &exit_code, sub] {
     log::init(0, 1);
     o->tokenizer = data::TokenizerSpec::parse(*tokenizer);
     o->minhash.char_shingles = *shingle == "char";
@@ -190,8 +249,18 @@ void register_prepare(CLI::App& app, int& exit_code) {
     o->command = command_line(*o, *sub);
     monitor::Progress progress(config::Switch::kAuto, true);
     o->on_progress = prepare_progress_printer(progress);
-    auto report = data::prepare(*o);
+    const auto report = run_prepare(*o, *split, *sub);
     progress.finish();
+    if (split->task >= 0 && split->merge.empty()) {
+      std::cout << "[data] " << o->output << "/" << data::part_name(split->task, split->tasks)
+                << ": " << report["documents"] << " documents from "
+                << report["files"][1].get<int64_t>() - report["files"][0].get<int64_t>()
+                << " of the " << report["inputs"].size() << " input files; merge the "
+                << split->tasks << " parts with: keel prepare --merge " << o->output
+                << " --output DATASET\n";
+      exit_code = 0;
+      return;
+    }
     std::cout << "[data] " << o->output << ": " << report["documents_in"] << " documents in, "
               << report["exact_duplicates"] << " exact and " << report["near_duplicates"]
               << " near duplicates, " << report["removed_by_length"] << " removed by length, "

@@ -1,7 +1,6 @@
 #include "data/prepare.h"
 
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,7 +14,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <unordered_set>
 
 #include "common/error.h"
@@ -29,8 +27,6 @@
 
 namespace keel::data {
 namespace fs = std::filesystem;
-
-namespace {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::string& spm_text,
                                           int threads) {
@@ -58,6 +54,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::st
   }
   throw std::logic_error("make_tokenizer: unknown kind");
 }
+
+namespace {
 
 void write_atomic(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
@@ -117,12 +115,6 @@ std::string summary_text(const nlohmann::json& r) {
         100 * *std::max_element(shares.begin(), shares.end()));
   }
   return s;
-}
-
-double cpu_seconds() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 }  // namespace
@@ -280,7 +272,7 @@ void check_prepare_output(const std::string& output, bool overwrite) {
                   " (the new dataset is written beside it and swapped in whole)");
 }
 
-nlohmann::json prepare(const PrepareOptions& o) {
+void check_prepare_options(const PrepareOptions& o) {
   if (o.output.empty()) throw DataError("--output: a directory is required");
   if (o.val_fraction < 0 || o.val_fraction >= 1)
     throw DataError("--val-fraction " + std::to_string(o.val_fraction) + ": expected [0, 1)");
@@ -302,10 +294,11 @@ nlohmann::json prepare(const PrepareOptions& o) {
     if (o.minhash.threshold <= 0 || o.minhash.threshold > 1)
       throw DataError("--dedup-threshold must be in (0, 1]");
   }
-  check_prepare_output(o.output, o.overwrite);
-  std::vector<std::string> skipped;
-  auto files = expand_inputs(o.inputs, o.input, &skipped);
+}
 
+nlohmann::json write_staged(const PrepareOptions& o, const std::vector<InputFile>& files,
+                            const std::function<nlohmann::json(const PrepareOptions&)>& write) {
+  check_prepare_output(o.output, o.overwrite);
   // Everything is written into a staging directory beside the output (beside what a symlink names)
   // and swapped in whole at the end, so an existing dataset (--overwrite) is never half replaced.
   const fs::path output = resolved_output(o.output);
@@ -318,7 +311,7 @@ nlohmann::json prepare(const PrepareOptions& o) {
   staged.output = staging.string();
   nlohmann::json report;
   try {
-    report = write_dataset(staged, files, skipped);
+    report = write(staged);
     commit_dataset(staging, output);
   } catch (...) {
     std::error_code ec;
@@ -326,6 +319,16 @@ nlohmann::json prepare(const PrepareOptions& o) {
     throw;
   }
   return report;
+}
+
+nlohmann::json prepare(const PrepareOptions& o) {
+  check_prepare_options(o);
+  check_prepare_output(o.output, o.overwrite);
+  std::vector<std::string> skipped;
+  const auto files = expand_inputs(o.inputs, o.input, &skipped);
+  return write_staged(o, files, [&](const PrepareOptions& staged) {
+    return write_dataset(staged, files, skipped);
+  });
 }
 
 namespace {
@@ -446,7 +449,7 @@ nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFil
                              const std::vector<std::string>& skipped) {
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = cpu_seconds();
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = worker_threads(o);
   const bool train_spm = o.tokenizer.kind == TokenizerSpec::Kind::kSpmTrain;
   const std::string spm_text_path = train_spm ? o.output + "/.spm_train.txt" : "";
 
@@ -461,18 +464,31 @@ nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFil
   if (train_spm) fs::remove(spm_text_path);
 
   const PackResult packed = pack_pass(o, files, dedup, length_filter, *tokenizer, threads);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double cpu = cpu_seconds() - cpu0;  // of the whole process: prepare is all it does
-  const nlohmann::json report = make_report(o, files, skipped, dedup, length_filter, packed,
-                                            tokenizer->boundary_id(), threads, seconds, cpu);
-  const nlohmann::json meta = make_meta(o, files, dedup, report, packed, *tokenizer);
+  PrepareTiming timing;
+  timing.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  timing.cpu_seconds = cpu_seconds() - cpu0;  // of the whole process: prepare is all it does
+  timing.threads = threads;
+  return write_reports_and_meta(o, files, skipped, dedup, length_filter, packed, *tokenizer,
+                                timing);
+}
+
+}  // namespace
+
+nlohmann::json write_reports_and_meta(const PrepareOptions& o, const std::vector<InputFile>& files,
+                                      const std::vector<std::string>& skipped,
+                                      const DedupResult& dedup, const LengthFilter& length_filter,
+                                      const PackResult& packed, const Tokenizer& tokenizer,
+                                      const PrepareTiming& timing,
+                                      const nlohmann::json& extra_meta) {
+  const nlohmann::json report =
+      make_report(o, files, skipped, dedup, length_filter, packed, tokenizer.boundary_id(),
+                  timing.threads, timing.seconds, timing.cpu_seconds);
+  nlohmann::json meta = make_meta(o, files, dedup, report, packed, tokenizer);
+  if (extra_meta.is_object()) meta.update(extra_meta);
   write_atomic(o.output + "/report.json", report.dump(2) + "\n");
   write_atomic(o.output + "/report.txt", summary_text(report));
   write_atomic(o.output + "/meta.json", meta.dump(2) + "\n");
   return report;
 }
-
-}  // namespace
 
 }  // namespace keel::data

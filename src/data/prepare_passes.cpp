@@ -1,5 +1,7 @@
 #include "data/prepare_passes.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,23 +28,6 @@ constexpr size_t kBlockDocs = 2048;
 constexpr size_t kBlockBytes = size_t{32} << 20;
 
 using SteadyClock = std::chrono::steady_clock;
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads.
-template <class Fn>
-void parallel_for(size_t n, int threads, Fn fn) {
-  int t = static_cast<int>(std::min<size_t>(n, std::max(threads, 1)));
-  if (t <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> pool;
-  for (int k = 0; k < t; ++k)
-    pool.emplace_back([&] {
-      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-    });
-  for (auto& th : pool) th.join();
-}
 
 // Reads documents in blocks (bounded by count and bytes), so memory stays flat.
 bool read_block(DocumentReader& reader, std::vector<Document>& block) {
@@ -178,141 +163,6 @@ void sample_for_spm(std::string_view text, std::ofstream& out, size_t& bytes) {
   }
 }
 
-// Pass 1's per-block work: what can run in parallel (repetition verdicts, hashes, signatures),
-// then the decisions in corpus order.
-class Deduplicator {
- public:
-  Deduplicator(const PrepareOptions& o, DedupResult& r, size_t files)
-      : o_(o), mh_(seeded(o)), hasher_(mh_), sources_(o.output), r_(r) {
-    if (o.near_dedup) near_ = std::make_unique<NearDuplicateIndex>(mh_);
-    r_.file_first.assign(files, -1);
-    r_.file_docs.assign(files, 0);
-  }
-
-  void block(const std::vector<Document>& block, int threads, std::ofstream* spm_text) {
-    hashes_.assign(block.size(), 0);
-    sigs_.assign(block.size(), {});
-    verdicts_.assign(block.size(), kKept);
-    parallel_for(block.size(), threads, [&](size_t i) {
-      const auto why = repetition_verdict(o_.repetition, block[i].text);
-      if (!why.empty()) {
-        verdicts_[i] = why == "one_character" ? kOneChar : kRepeated;
-        return;
-      }
-      hashes_[i] = normalized_hash(block[i].text);
-      if (near_ || o_.cluster == ClusterBy::kMinHash) {
-        auto shingles = shingle_set(block[i].text, mh_.char_shingles, mh_.shingle_size);
-        if (!shingles.empty()) sigs_[i] = hasher_.signature(shingles);
-      }
-    });
-    for (size_t i = 0; i < block.size(); ++i) {
-      const uint8_t s = decide(block[i], i);
-      if (s == kKept && spm_text && r_.spm_bytes < kSpmTrainBytes)
-        sample_for_spm(block[i].text, *spm_text, r_.spm_bytes);
-    }
-  }
-
-  int64_t candidates_checked() const { return near_ ? near_->candidates_checked() : 0; }
-  nlohmann::json finish_sources() { return sources_.finish(); }
-
- private:
-  static MinHashConfig seeded(const PrepareOptions& o) {
-    MinHashConfig mh = o.minhash;
-    mh.seed = o.seed;
-    return mh;
-  }
-
-  uint8_t decide(const Document& doc, size_t i) {
-    const auto id = static_cast<int64_t>(r_.status.size());
-    if (r_.file_first[doc.file] < 0) r_.file_first[doc.file] = id;
-    ++r_.file_docs[doc.file];
-    r_.lengths.push_back(static_cast<int64_t>(doc.text.size()));
-    r_.clusters.push_back(cluster_of(doc, i));
-    sources_.add(doc.line, doc.id);
-    uint8_t s = verdicts_[i];
-    if (s != kKept) {
-      ++(s == kOneChar ? r_.one_char : r_.repeated);
-    } else if (o_.exact_dedup && !exact_seen_.insert(hashes_[i]).second) {
-      s = kExactDup;
-      ++r_.exact_dups;
-    } else if (near_ && !sigs_[i].empty()) {
-      if (near_->find(sigs_[i]) >= 0) {
-        s = kNearDup;
-        ++r_.near_dups;
-      } else {
-        near_->insert(id, std::move(sigs_[i]));
-      }
-    }
-    r_.status.push_back(s);
-    return s;
-  }
-
-  // A document without shingles (or removed before its signature) falls back to its text's hash.
-  uint32_t cluster_of(const Document& doc, size_t i) const {
-    if (o_.cluster == ClusterBy::kSource) return static_cast<uint32_t>(doc.file);
-    if (o_.cluster == ClusterBy::kMinHash && !sigs_[i].empty()) return sigs_[i][0];
-    return static_cast<uint32_t>(hashes_[i] >> 32);
-  }
-
-  const PrepareOptions& o_;
-  MinHashConfig mh_;
-  MinHasher hasher_;
-  std::unique_ptr<NearDuplicateIndex> near_;
-  SourceWriter sources_;
-  std::unordered_set<uint64_t> exact_seen_;
-  DedupResult& r_;
-  std::vector<uint64_t> hashes_;
-  std::vector<std::vector<uint32_t>> sigs_;
-  std::vector<uint8_t> verdicts_;
-};
-
-// Where pass 2 puts a kept document: its split, a window boundary first (keep-whole), its
-// cluster; counts what it did.
-class Packer {
- public:
-  Packer(const PrepareOptions& o, const Tokenizer& tokenizer, PackResult& r) : o_(o), r_(r) {
-    const uint32_t token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
-    for (const char* split : {"train", "val"}) {
-      if (std::string(split) == "val" && o.val_fraction <= 0) continue;
-      writers_[split] =
-          std::make_unique<SplitWriter>(o.output, split, token_bytes, tokenizer.vocab_size(),
-                                        tokenizer.boundary_id(), o.shard_tokens);
-    }
-  }
-
-  void add(uint64_t id, const std::vector<uint32_t>& tokens, uint32_t cluster) {
-    const bool val = o_.val_fraction > 0 && unit(mix(o_.seed, id)) < o_.val_fraction;
-    SplitWriter& w = *writers_[val ? "val" : "train"];
-    const auto len = static_cast<int64_t>(tokens.size());
-    if (len + 1 > o_.seq_len + 1) ++r_.long_docs;  // spans windows, with boundary tokens around it
-    if (o_.keep_whole > 0 && len <= o_.seq_len && unit(mix(o_.seed ^ 0x5eed, id)) < o_.keep_whole) {
-      const int64_t r = w.tokens() % o_.seq_len;
-      if (r != 0 && r + len > o_.seq_len) {
-        w.add_fill(o_.seq_len - r);
-        r_.fill_tokens += o_.seq_len - r;
-      }
-      ++r_.whole_docs;
-    }
-    w.add_document(tokens, id, cluster);
-    ++r_.cluster_docs[cluster];
-    r_.tokens_out += len;
-    ++r_.docs_out;
-  }
-
-  void finish() {
-    for (auto& [name, w] : writers_) {
-      r_.splits[name] = w->finish();
-      const int64_t n = r_.splits[name]["tokens"].get<int64_t>();
-      r_.splits[name]["windows"] = n > 1 ? (n - 1) / o_.seq_len : 0;
-    }
-  }
-
- private:
-  const PrepareOptions& o_;
-  PackResult& r_;
-  std::map<std::string, std::unique_ptr<SplitWriter>> writers_;
-};
-
 }  // namespace
 
 std::vector<int64_t> DedupResult::kept_lengths() const {
@@ -322,28 +172,182 @@ std::vector<int64_t> DedupResult::kept_lengths() const {
   return out;
 }
 
+int worker_threads(const PrepareOptions& o) {
+  return o.threads > 0 ? o.threads
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+double cpu_seconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  const int t = static_cast<int>(std::min<size_t>(n, std::max(threads, 1)));
+  if (t <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int k = 0; k < t; ++k)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
+                           int threads,
+                           const std::function<void(std::vector<Document>&, int64_t)>& fn) {
+  DocumentReader reader(files, input);
+  BlockReader blocks(reader, threads > 1);
+  std::vector<Document> block;
+  int64_t bytes = 0;
+  while (blocks.next(block, bytes)) fn(block, bytes);
+  blocks.finish();
+  return {reader.bytes_read(), reader.invalid_records(), reader.first_invalid()};
+}
+
+MinHashConfig seeded_minhash(const PrepareOptions& o) {
+  MinHashConfig mh = o.minhash;
+  mh.seed = o.seed;
+  return mh;
+}
+
+void compute_features(const PrepareOptions& o, const MinHasher& hasher,
+                      const std::vector<Document>& block, int threads,
+                      std::vector<DocumentFeatures>& out) {
+  out.assign(block.size(), {});
+  const bool sign = o.near_dedup || o.cluster == ClusterBy::kMinHash;
+  parallel_for(block.size(), threads, [&](size_t i) {
+    DocumentFeatures& f = out[i];
+    const auto why = repetition_verdict(o.repetition, block[i].text);
+    if (!why.empty()) {
+      f.verdict = why == "one_character" ? kOneChar : kRepeated;
+      return;
+    }
+    f.hash = normalized_hash(block[i].text);
+    if (sign) {
+      auto shingles = shingle_set(block[i].text, o.minhash.char_shingles, o.minhash.shingle_size);
+      if (!shingles.empty()) f.signature = hasher.signature(shingles);
+    }
+  });
+}
+
+DedupDecider::DedupDecider(const PrepareOptions& o, DedupResult& r, size_t files)
+    : o_(o), r_(r), sources_(std::make_unique<SourceWriter>(o.output)) {
+  if (o.near_dedup) near_ = std::make_unique<NearDuplicateIndex>(seeded_minhash(o));
+  r_.file_first.assign(files, -1);
+  r_.file_docs.assign(files, 0);
+}
+
+DedupDecider::~DedupDecider() = default;
+
+uint8_t DedupDecider::decide(int64_t file, int64_t length, int64_t line, std::string_view id,
+                             DocumentFeatures& f) {
+  const auto doc = static_cast<int64_t>(r_.status.size());
+  if (r_.file_first[file] < 0) r_.file_first[file] = doc;
+  ++r_.file_docs[file];
+  r_.lengths.push_back(length);
+  r_.clusters.push_back(cluster_of(file, f));
+  sources_->add(line, id);
+  uint8_t s = f.verdict;
+  if (s != kKept) {
+    ++(s == kOneChar ? r_.one_char : r_.repeated);
+  } else if (o_.exact_dedup && !exact_seen_.insert(f.hash).second) {
+    s = kExactDup;
+    ++r_.exact_dups;
+  } else if (near_ && !f.signature.empty()) {
+    if (near_->find(f.signature) >= 0) {
+      s = kNearDup;
+      ++r_.near_dups;
+    } else {
+      near_->insert(doc, std::move(f.signature));
+    }
+  }
+  r_.status.push_back(s);
+  return s;
+}
+
+// A document without shingles (or removed before its signature) falls back to its text's hash.
+uint32_t DedupDecider::cluster_of(int64_t file, const DocumentFeatures& f) const {
+  if (o_.cluster == ClusterBy::kSource) return static_cast<uint32_t>(file);
+  if (o_.cluster == ClusterBy::kMinHash && !f.signature.empty()) return f.signature[0];
+  return static_cast<uint32_t>(f.hash >> 32);
+}
+
+void DedupDecider::finish() {
+  r_.candidates_checked = near_ ? near_->candidates_checked() : 0;
+  r_.sources = sources_->finish();
+}
+
+Packer::Packer(const PrepareOptions& o, const Tokenizer& tokenizer, PackResult& r) : o_(o), r_(r) {
+  const uint32_t token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+  for (const char* split : {"train", "val"}) {
+    if (std::string(split) == "val" && o.val_fraction <= 0) continue;
+    writers_[split] =
+        std::make_unique<SplitWriter>(o.output, split, token_bytes, tokenizer.vocab_size(),
+                                      tokenizer.boundary_id(), o.shard_tokens);
+  }
+}
+
+Packer::~Packer() = default;
+
+void Packer::add(uint64_t id, std::span<const uint32_t> tokens, uint32_t cluster) {
+  const bool val = o_.val_fraction > 0 && unit(mix(o_.seed, id)) < o_.val_fraction;
+  SplitWriter& w = *writers_[val ? "val" : "train"];
+  const auto len = static_cast<int64_t>(tokens.size());
+  if (len + 1 > o_.seq_len + 1) ++r_.long_docs;  // spans windows, with boundary tokens around it
+  if (o_.keep_whole > 0 && len <= o_.seq_len && unit(mix(o_.seed ^ 0x5eed, id)) < o_.keep_whole) {
+    const int64_t r = w.tokens() % o_.seq_len;
+    if (r != 0 && r + len > o_.seq_len) {
+      w.add_fill(o_.seq_len - r);
+      r_.fill_tokens += o_.seq_len - r;
+    }
+    ++r_.whole_docs;
+  }
+  w.add_document(tokens, id, cluster);
+  ++r_.cluster_docs[cluster];
+  r_.tokens_out += len;
+  ++r_.docs_out;
+}
+
+void Packer::finish() {
+  for (auto& [name, w] : writers_) {
+    r_.splits[name] = w->finish();
+    const int64_t n = r_.splits[name]["tokens"].get<int64_t>();
+    r_.splits[name]["windows"] = n > 1 ? (n - 1) / o_.seq_len : 0;
+  }
+}
+
 DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& files, int threads,
                        const std::string& spm_text_path) {
   DedupResult r;
-  Deduplicator dedup(o, r, files.size());
+  DedupDecider decider(o, r, files.size());
+  const MinHasher hasher(seeded_minhash(o));
   std::ofstream spm_text;
   if (!spm_text_path.empty()) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
   const int64_t total = plain_text_bytes(files);
   const auto start = SteadyClock::now();
-  DocumentReader reader(files, o.input);
-  BlockReader blocks(reader, threads > 1);
-  std::vector<Document> block;
-  int64_t bytes = 0;
-  while (blocks.next(block, bytes)) {
-    dedup.block(block, threads, spm_text_path.empty() ? nullptr : &spm_text);
-    report_progress(o, 1, bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
-  }
-  blocks.finish();
-  r.bytes_in = reader.bytes_read();
-  r.invalid = reader.invalid_records();
-  r.first_invalid = reader.first_invalid();
-  r.candidates_checked = dedup.candidates_checked();
-  r.sources = dedup.finish_sources();
+  std::vector<DocumentFeatures> features;
+  const ReaderStats stats =
+      for_each_block(files, o.input, threads, [&](std::vector<Document>& block, int64_t bytes) {
+        compute_features(o, hasher, block, threads, features);
+        for (size_t i = 0; i < block.size(); ++i) {
+          const Document& d = block[i];
+          const uint8_t s = decider.decide(d.file, static_cast<int64_t>(d.text.size()), d.line,
+                                           d.id, features[i]);
+          if (s == kKept && !spm_text_path.empty() && r.spm_bytes < kSpmTrainBytes)
+            sample_for_spm(d.text, spm_text, r.spm_bytes);
+        }
+        report_progress(o, 1, bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
+      });
+  decider.finish();
+  r.bytes_in = stats.bytes;
+  r.invalid = stats.invalid;
+  r.first_invalid = stats.first_invalid;
   return r;
 }
 
@@ -353,20 +357,16 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
   PackResult r;
   Packer packer(o, tokenizer, r);
   const auto start = SteadyClock::now();
-  DocumentReader reader(files, o.input);
-  BlockReader blocks(reader, threads > 1);
-  std::vector<Document> block;
   std::vector<std::vector<uint32_t>> tokens;
-  int64_t id0 = 0, bytes = 0;
-  while (blocks.next(block, bytes)) {
+  int64_t id0 = 0;
+  for_each_block(files, o.input, threads, [&](std::vector<Document>& block, int64_t bytes) {
     tokens.assign(block.size(), {});
     auto kept = [&](size_t i) {
       const int64_t id = id0 + static_cast<int64_t>(i);
       return dedup.status[id] == kKept && length_filter.keep(dedup.lengths[id]);
     };
     parallel_for(block.size(), threads, [&](size_t i) {
-      if (!kept(i)) return;
-      tokenizer.encode(block[i].text, tokens[i]);
+      if (kept(i)) tokenizer.encode(block[i].text, tokens[i]);
     });
     for (size_t i = 0; i < block.size(); ++i) {
       const int64_t id = id0 + static_cast<int64_t>(i);
@@ -374,7 +374,7 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
     }
     id0 += static_cast<int64_t>(block.size());
     report_progress(o, 2, bytes, id0, dedup.bytes_in, r.tokens_out, start);
-  }
+  });
   packer.finish();
   return r;
 }

@@ -6,19 +6,27 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "data/minhash.h"
 #include "data/prepare.h"
 #include "data/text_filters.h"
 #include "data/text_input.h"
 #include "data/tokenizer.h"
 
 namespace keel::data {
+
+class SourceWriter;
+class SplitWriter;
 
 // What pass 1 decided for a document.
 enum DocumentStatus : uint8_t {
@@ -45,6 +53,46 @@ struct DedupResult {
   std::vector<int64_t> kept_lengths() const;
 };
 
+// What pass 1 computes of a document before deciding anything: on any thread, and (for --task) kept
+// in a part for the merge to decide on.
+struct DocumentFeatures {
+  uint8_t verdict = kKept;          // the repetition filter's: kKept, kRepeated or kOneChar
+  uint64_t hash = 0;                // normalized_hash of the text; 0 when the verdict removed it
+  std::vector<uint32_t> signature;  // MinHash, when near dedup or --cluster minhash wants it and
+                                    // the text has shingles; else empty
+};
+
+// o.minhash with the prepare's seed.
+MinHashConfig seeded_minhash(const PrepareOptions& o);
+
+// The features of a block of documents, computed on `threads` threads.
+void compute_features(const PrepareOptions& o, const MinHasher& hasher,
+                      const std::vector<Document>& block, int threads,
+                      std::vector<DocumentFeatures>& out);
+
+// Pass 1's decisions, one document at a time in corpus order (deterministic: the same for any
+// thread count and for a merge of parts): exact duplicates by hash, then near duplicates by
+// MinHash against the documents kept so far. Records every document's provenance into o.output.
+class DedupDecider {
+ public:
+  DedupDecider(const PrepareOptions& o, DedupResult& r, size_t files);
+  ~DedupDecider();
+  // The status of the next document (its id is the number decided before it); moves the signature
+  // of a kept document into the index.
+  uint8_t decide(int64_t file, int64_t length, int64_t line, std::string_view id,
+                 DocumentFeatures& features);
+  // Fills r.candidates_checked and r.sources; call once, after the last document.
+  void finish();
+
+ private:
+  uint32_t cluster_of(int64_t file, const DocumentFeatures& f) const;
+  const PrepareOptions& o_;
+  DedupResult& r_;
+  std::unique_ptr<NearDuplicateIndex> near_;
+  std::unique_ptr<SourceWriter> sources_;
+  std::unordered_set<uint64_t> exact_seen_;
+};
+
 // Pass 1 over `files` on `threads` threads; decisions in corpus order, the same for any thread
 // count. Writes every document's provenance (data/provenance.h) into o.output. With `spm_text_path`
 // non-empty, the kept documents' non-blank lines go there (at most kSpmTrainBytes) for training a
@@ -60,12 +108,66 @@ struct PackResult {
   std::unordered_map<uint32_t, int64_t> cluster_docs;  // documents written per cluster id
 };
 
-// Pass 2: the documents `dedup` kept and `length_filter` keeps, tokenized, each with its split (a
-// seeded hash of its id), its cluster (pass 1's, --cluster) and, for a tenth of those that fit a
-// window
-// (--keep-whole), a start on a window boundary; written as o.output's shards.
+// Where pass 2 puts a kept document: its split (a seeded hash of its id), a window boundary first
+// for a tenth of those that fit a window (--keep-whole), its cluster; writes o.output's shards.
+class Packer {
+ public:
+  Packer(const PrepareOptions& o, const Tokenizer& tokenizer, PackResult& r);
+  ~Packer();
+  void add(uint64_t id, std::span<const uint32_t> tokens, uint32_t cluster);
+  void finish();
+
+ private:
+  const PrepareOptions& o_;
+  PackResult& r_;
+  std::map<std::string, std::unique_ptr<SplitWriter>> writers_;
+};
+
+// Pass 2: the documents `dedup` kept and `length_filter` keeps, tokenized and packed (Packer).
 PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& files,
                      const DedupResult& dedup, const LengthFilter& length_filter,
                      const Tokenizer& tokenizer, int threads);
+
+// Reads `files` block by block (one block ahead on a thread of its own when `threads` > 1) and
+// calls fn(block, input bytes read so far) for each, in input order; returns what the reader
+// counted.
+struct ReaderStats {
+  int64_t bytes = 0, invalid = 0;  // bytes of text read; JSONL records skipped as invalid
+  std::string first_invalid;
+};
+ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
+                           int threads,
+                           const std::function<void(std::vector<Document>&, int64_t)>& fn);
+
+int worker_threads(const PrepareOptions& o);  // o.threads, or every core
+double cpu_seconds();                         // of this process so far
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn);
+
+// What prepare.cpp shares with a merge of parts (prepare_parts.cpp): the tokenizer of the
+// dataset, made (and its model file copied) into o.output, and the reports and meta.json
+// written last.
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, const std::string& spm_text,
+                                          int threads);
+struct PrepareTiming {
+  double seconds = 0, cpu_seconds = 0;
+  int threads = 1;
+};
+nlohmann::json write_reports_and_meta(const PrepareOptions& o, const std::vector<InputFile>& files,
+                                      const std::vector<std::string>& skipped,
+                                      const DedupResult& dedup, const LengthFilter& length_filter,
+                                      const PackResult& packed, const Tokenizer& tokenizer,
+                                      const PrepareTiming& timing,
+                                      const nlohmann::json& extra_meta = nullptr);
+
+// Validates the options every prepare shares (DataError naming the flag).
+void check_prepare_options(const PrepareOptions& o);
+
+// Writes a dataset (or a part) into a staging directory beside `output` and renames it onto
+// `output` at the end (swapping out what --overwrite replaces); `write` gets the staging options.
+// The inputs may not lie inside `output`.
+nlohmann::json write_staged(const PrepareOptions& o, const std::vector<InputFile>& files,
+                            const std::function<nlohmann::json(const PrepareOptions&)>& write);
 
 }  // namespace keel::data

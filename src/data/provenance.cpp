@@ -1,13 +1,11 @@
 #include "data/provenance.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "common/error.h"
 #include "data/file_header_check.h"
+#include "data/headered_file.h"
 #include "data/mapped_file.h"
 #include "data/shard_format.h"
 
@@ -41,43 +39,9 @@ uint64_t check_file(const MappedFile& f, const char (&magic)[8], uint32_t elem_b
 
 }  // namespace
 
-struct SourceWriter::File {
-  std::string path;
-  std::FILE* f = nullptr;
-  XXH3_state_t* hash = XXH3_createState();
-
-  explicit File(std::string p) : path(std::move(p)) {
-    f = std::fopen(path.c_str(), "wb");
-    if (!f) throw DataError(path + ": cannot create (" + std::strerror(errno) + ")");
-    FileHeader zero{};
-    put(&zero, sizeof zero, /*hashed=*/false);
-    XXH3_64bits_reset(hash);
-  }
-  ~File() {
-    if (f) std::fclose(f);
-    XXH3_freeState(hash);
-  }
-  void put(const void* data, size_t n, bool hashed = true) {
-    if (n && std::fwrite(data, 1, n, f) != n)
-      throw DataError(path + ": write failed (" + std::strerror(errno) +
-                      "); HINT: is the disk full?");
-    if (hashed) XXH3_64bits_update(hash, data, n);
-  }
-  uint64_t close(const char (&magic)[8], uint32_t elem_bytes, uint64_t count) {
-    const uint64_t digest = XXH3_64bits_digest(hash);
-    const FileHeader h = make_header(magic, elem_bytes, count, digest, 0);
-    if (std::fseek(f, 0, SEEK_SET) != 0) throw DataError(path + ": seek failed");
-    put(&h, sizeof h, /*hashed=*/false);
-    const bool ok = std::fclose(f) == 0;
-    f = nullptr;
-    if (!ok) throw DataError(path + ": close failed; HINT: is the disk full?");
-    return digest;
-  }
-};
-
 SourceWriter::SourceWriter(const std::string& dir)
-    : index_(std::make_unique<File>(dir + "/" + kIndexName)),
-      ids_(std::make_unique<File>(dir + "/" + kIdsName)) {}
+    : index_(std::make_unique<HeaderedFileWriter>(dir + "/" + kIndexName)),
+      ids_(std::make_unique<HeaderedFileWriter>(dir + "/" + kIdsName)) {}
 
 SourceWriter::~SourceWriter() = default;
 

@@ -18,6 +18,8 @@
 
 namespace keel::data {
 
+class HeaderedFileWriter;
+
 inline constexpr char kSourcesMagic[8] = {'K', 'E', 'E', 'L', 'S', 'R', 'C', '\n'};
 inline constexpr char kSourceIdsMagic[8] = {'K', 'E', 'E', 'L', 'S', 'I', 'D', '\n'};
 
@@ -34,8 +36,7 @@ class SourceWriter {
   nlohmann::json finish();
 
  private:
-  struct File;
-  std::unique_ptr<File> index_, ids_;
+  std::unique_ptr<HeaderedFileWriter> index_, ids_;
   uint64_t id_end_ = 0, records_ = 0;
 };
 

@@ -92,7 +92,7 @@ void SplitWriter::put(uint32_t token) {
   if (in_shard_ >= shard_tokens_) close_shard();
 }
 
-void SplitWriter::add_document(const std::vector<uint32_t>& tokens, uint64_t doc_id,
+void SplitWriter::add_document(std::span<const uint32_t> tokens, uint64_t doc_id,
                                uint32_t cluster) {
   IndexRecord r{static_cast<uint64_t>(total_tokens_), doc_id,
                 static_cast<uint32_t>(std::min<size_t>(tokens.size(), UINT32_MAX)), cluster};

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,7 @@ class SplitWriter {
   SplitWriter& operator=(const SplitWriter&) = delete;
 
   // Appends the document's tokens and one boundary token, and its index record.
-  void add_document(const std::vector<uint32_t>& tokens, uint64_t doc_id, uint32_t cluster);
+  void add_document(std::span<const uint32_t> tokens, uint64_t doc_id, uint32_t cluster);
   // Appends `n` boundary tokens that belong to no document (used to start a document at a window
   // boundary when it is to be kept whole).
   void add_fill(int64_t n);

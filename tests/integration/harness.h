@@ -146,4 +146,31 @@ inline int64_t write_fortunes_jsonl(const std::string& fortunes, const std::file
   return records;
 }
 
+// Two prepared datasets are the same: every file but the reports byte for byte, and meta.json but
+// for the command line (and a merge's record of its parts). Returns how many files it compared.
+inline size_t expect_same_dataset(const std::filesystem::path& a, const std::filesystem::path& b) {
+  auto bytes = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  size_t compared = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(a)) {
+    if (!entry.is_regular_file()) continue;
+    const auto name = entry.path().filename().string();
+    if (name == "meta.json" || name == "report.json" || name == "report.txt") continue;
+    const auto other = b / std::filesystem::relative(entry.path(), a);
+    EXPECT_TRUE(std::filesystem::exists(other)) << other;
+    EXPECT_TRUE(bytes(entry.path()) == bytes(other)) << other << " differs from " << entry.path();
+    ++compared;
+  }
+  auto meta = [&](const std::filesystem::path& dir) {
+    auto m = nlohmann::json::parse(bytes(dir / "meta.json"));
+    m.erase("prepare_command");
+    m.erase("merged_parts");
+    return m;
+  };
+  EXPECT_EQ(meta(a), meta(b));
+  return compared;
+}
+
 }  // namespace keel::testing

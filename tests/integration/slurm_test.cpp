@@ -197,5 +197,39 @@ TEST_F(SlurmCluster, ATimeLimitCheckpointsAndTheResubmittedJobContinuesBitExactl
   for (const auto& [step, loss] : expected) EXPECT_EQ(got.at(step), loss) << "step " << step;
 }
 
+// scripts/slurm/prepare.sbatch as the docs run it: a job array of 3 tasks, each preparing its part
+// of the fortunes, and a merge job that waits for the array (--dependency=afterok): the dataset
+// one `keel prepare` over the same files writes.
+TEST_F(SlurmCluster, APrepareArrayAndItsMergeWriteTheDatasetOfOneRun) {
+  const std::string fortunes = "/usr/share/games/fortunes";
+  if (!fs::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  const fs::path d = dir_.path();
+  const std::string script = source_path("scripts/slurm/prepare.sbatch");
+  const std::string flags = " --separator % --seq-len 256 --val-fraction 0.05";
+  const std::string env = "env KEEL=" + std::string(KEEL_BINARY) + " ";
+  auto r = run_shell(env + "sbatch --parsable --array=0-2 --cpus-per-task=1 --output=" +
+                     (d / "prepare-%A_%a.out").string() + " " + script + " " +
+                     (d / "parts").string() + " --input " + fortunes + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string array = r.output.substr(0, r.output.find_first_of(";\n"));
+  r = run_shell(env + "sbatch --parsable --dependency=afterok:" + array +
+                " --output=" + (d / "merge-%j.out").string() + " " + script + " --merge " +
+                (d / "parts").string() + " --output " + (d / "merged").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string merge = r.output.substr(0, r.output.find_first_of(";\n"));
+  ASSERT_TRUE(wait_for_job(merge, 180)) << "job " << merge << " still queued or running";
+  std::string logs;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().extension() == ".out") logs += slurp(e.path());
+  ASSERT_TRUE(fs::exists(d / "merged/meta.json")) << logs;
+  for (int task = 0; task < 3; ++task)
+    EXPECT_TRUE(fs::exists(d / "parts" / ("part-0000" + std::to_string(task) + "-of-00003")))
+        << logs;
+
+  r = run_keel("prepare --input " + fortunes + " --output " + (d / "one").string() + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(expect_same_dataset(d / "one", d / "merged"), 4u);
+}
+
 }  // namespace
 }  // namespace keel::testing
