@@ -30,6 +30,12 @@ void register_train(CLI::App& app, int& exit_code) {
                   "start from the weights of a Hugging Face model directory (`keel export "
                   "--format hf` writes one; its config.json must match the model section); a "
                   "resume that finds a checkpoint uses the checkpoint's weights instead");
+  sub->add_option("--profile", options->profile_steps,
+                  "record STEPS optimizer steps (after the first two) with LibTorch's profiler "
+                  "into RUN_DIR/profile/rank<R>_steps_<A>-<B>.json, a Chrome trace with the "
+                  "step's stages (keel/data, keel/forward, keel/backward, keel/guard, "
+                  "keel/optimizer, ...) marked; open it in chrome://tracing or ui.perfetto.dev")
+      ->check(CLI::PositiveNumber);
   sub->footer(
       "Examples:\n"
       "  keel train                                       # the embedded default, on the CPU\n"
@@ -38,7 +44,9 @@ void register_train(CLI::App& app, int& exit_code) {
       "  keel train configs/tiny.yaml --run-dir runs/tiny --resume latest   # after a crash or "
       "preemption\n"
       "  keel train configs/tiny.yaml --run-dir runs/tiny --resume stable   # back to the stable "
-      "snapshot");
+      "snapshot\n"
+      "  keel train configs/tiny.yaml --run-dir runs/prof --profile 5     # where a step's "
+      "time goes");
   sub->callback([args, options, resume, &exit_code] {
     options->resume = train::ResumeRequest::parse(*resume);
     auto loaded = load(*args);

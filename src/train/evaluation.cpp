@@ -21,6 +21,7 @@ double Trainer::State::probe_loss() {
 }
 
 double Trainer::State::evaluate() {
+  monitor::StageRange range("keel/eval");
   const auto eval_start = Clock::now();
   torch::NoGradGuard no_grad;
   model->eval();

@@ -3,6 +3,7 @@
 // its first write, so a refused start leaves the run directory as it was; then the record opens.
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 
@@ -320,6 +321,24 @@ void Trainer::State::open_record() {
                                {"parameters", model->num_parameters()},
                                {"flops_per_token", model->flops_per_token()},
                                {"resume", options.resume.name()}});
+}
+
+void Trainer::State::start_profiler() {
+  constexpr int64_t kWarmSteps = 2;  // allocations, caches, (on a GPU) autotuning
+  const int64_t steps = options.profile_steps;
+  if (steps <= 0) return;
+  const int64_t skip =
+      std::clamp<int64_t>(cfg.run.max_steps - counters.step - steps, 0, kWarmSteps);
+  profiler = std::make_unique<monitor::StepProfiler>(steps, skip, run_dir + "/profile", comm.rank(),
+                                                     device.is_cuda());
+}
+
+void Trainer::State::finish_profile(bool last) {
+  const std::string path = profiler->after(counters.step, last);
+  if (path.empty()) return;
+  log::info("train", "profile written to {} (open it in chrome://tracing or ui.perfetto.dev)",
+            path);
+  profiler.reset();
 }
 
 }  // namespace keel::train

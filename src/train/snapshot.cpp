@@ -158,6 +158,7 @@ void Trainer::State::save_checkpoint(bool stable) {
 }
 
 void Trainer::State::maybe_checkpoint() {
+  monitor::StageRange range("keel/checkpoint");
   if (cadence.attempt_finished()) decide_checkpoint_cadence();
   const int64_t step = counters.step;
   if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway

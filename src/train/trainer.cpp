@@ -92,14 +92,18 @@ void Trainer::State::train_step() {
   torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold, low);
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
   faults->after_backward(counters.iteration, sharded ? zero_optimizer->attach_grads() : params);
+  std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
   const StepResult result = measure(std::move(sums), threshold, low);
+  range.emplace("keel/guard");
   Verdict verdict = decide(result, lr);
   record_verdict(verdict);
   if (verdict.action() != guard::Action::kApply) {
     reject(verdict, result);
     return;
   }
+  range.emplace("keel/optimizer");
   const std::vector<double> update_ratios = apply_update(result, lr, log_step);
+  range.emplace("keel/record");
   if (guard) note_samples();
   if (log_step) {
     record_step(result, lr, update_ratios);
@@ -173,6 +177,7 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
   std::vector<int64_t> sample_ids;                // logging.sample_ids: this step's data, in order
   const int64_t position = counters.micro_taken;  // of its first micro-batch in the data order
   for (int64_t micro = 0; micro < accum; ++micro) {
+    std::optional<monitor::StageRange> range(std::in_place, "keel/data");
     data::Batch batch = next_batch();
     if (cfg.logging.sample_ids) {
       const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
@@ -183,6 +188,7 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
         keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
     auto tokens = batch.tokens.to(device, /*non_blocking=*/true);  // (B, T+1)
     model::LossOutput out;
+    range.emplace("keel/forward");
     {
       optim::AutocastScope autocast(device.type(), precision);
       out = model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1));
@@ -210,9 +216,11 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     if (scaler) scaled = scaled * scaler->scale();
     if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
     const bool reduce_now = arm_reducer(micro);
+    range.emplace("keel/backward");
     scaled.backward();
     // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
     if (reduce_now && (sharded || micro < accum - 1)) finish_reduction();
+    range.reset();
     if (keep_samples) {
       step_samples.ids.push_back(batch.sample_ids);
       step_samples.losses.push_back(out.per_sample_loss);
@@ -224,20 +232,22 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
                                        fingerprints.end());
     }
   }
-  if (cfg.logging.sample_ids) {
-    if (comm.world_size() > 1) {  // every rank's part of the step, in rank order
-      const auto all = comm.all_gather(torch::tensor(sample_ids, torch::kInt64).to(device))
-                           .to(torch::kCPU)
-                           .contiguous();
-      sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
-    }
-    files.samples.write(monitor::JsonRecord()
-                            .add("step", counters.step + 1)
-                            .add("iteration", counters.iteration)
-                            .add("position", position)
-                            .add("ids", nlohmann::json(sample_ids)));
-  }
+  if (cfg.logging.sample_ids) write_sample_ids(std::move(sample_ids), position);
   return torch::stack({loss_sum, kept});
+}
+
+void Trainer::State::write_sample_ids(std::vector<int64_t> sample_ids, int64_t position) {
+  if (comm.world_size() > 1) {  // every rank's part of the step, in rank order
+    const auto all = comm.all_gather(torch::tensor(sample_ids, torch::kInt64).to(device))
+                         .to(torch::kCPU)
+                         .contiguous();
+    sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+  }
+  files.samples.write(monitor::JsonRecord()
+                          .add("step", counters.step + 1)
+                          .add("iteration", counters.iteration)
+                          .add("position", position)
+                          .add("ids", nlohmann::json(sample_ids)));
 }
 
 void Trainer::State::finish_reduction() {
@@ -545,8 +555,13 @@ void Trainer::loop() {
   };
   beat();
   s.start_iteration = s.counters.iteration;
+  s.start_profiler();
   while (s.counters.step < cfg.run.max_steps) {
-    s.train_step();
+    if (s.profiler) s.profiler->before(s.counters.step + 1);
+    {
+      monitor::StageRange range("keel/step");
+      s.train_step();
+    }
     beat();
     if (s.memory_watch->due(s.counters.iteration - s.start_iteration))
       s.event(EventKind::kMemory, s.memory_watch->record(s.comm));
@@ -555,6 +570,7 @@ void Trainer::loop() {
     const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;
     if (last || due) s.evaluate();
     s.maybe_checkpoint();
+    if (s.profiler) s.finish_profile(last);
     if (int sig = agreed_stop_signal(s.comm, s.device); sig != 0 && !last) {
       s.progress->finish();
       log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, step);

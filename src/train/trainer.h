@@ -46,6 +46,9 @@ struct TrainOptions {
   // the initial ones; its config.json must match the model section. A resume that finds a
   // checkpoint loads the checkpoint's weights instead.
   std::string init_from;
+  // --profile: this many optimizer steps recorded into RUN_DIR/profile/ (monitor/step_profiler.h),
+  // after the first two of the start; 0: none.
+  int64_t profile_steps = 0;
 };
 
 // run.device resolved: cuda (device `local_rank`) when asked for, or when auto and one is visible.

@@ -32,6 +32,7 @@
 #include "monitor/device_window.h"
 #include "monitor/progress.h"
 #include "monitor/run_files.h"
+#include "monitor/step_profiler.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
 #include "train/accumulation.h"
@@ -74,6 +75,8 @@ struct Trainer::State {
   // masks samples below it and those that repeat content seen under another id.
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold,
                                  std::optional<double> low_threshold);
+  // logging.sample_ids: the step's sample ids (every rank's, in rank order) into samples.jsonl.
+  void write_sample_ids(std::vector<int64_t> sample_ids, int64_t position);
   bool arm_reducer(int64_t micro);
   void finish_reduction();  // the armed reducer's (or ZeRO-3's) reduction, timed as comm_s
   StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold,
@@ -129,6 +132,10 @@ struct Trainer::State {
   void maybe_checkpoint();
   // The record of the resume setup restored: events, the newer record dropped, a recovery.
   void record_resume();
+  // --profile: the recorder of this start's steps (after its first two, when enough remain), and
+  // the end of each step for it (`last`: no step follows), which logs where the trace went.
+  void start_profiler();
+  void finish_profile(bool last);
   // The weights as this rank holds them: whole by name, or (ZeRO-3) its parts by name and
   // position (checkpoint/weight_parts.h).
   checkpoint::TensorMap weights() const;
@@ -188,6 +195,7 @@ struct Trainer::State {
   monitor::RunFiles files;
   RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
   std::unique_ptr<monitor::Progress> progress;
+  std::unique_ptr<monitor::StepProfiler> profiler;  // --profile
   StepSamples step_samples;
   HostSamples host_samples;                   // this step's, read in decide()
   Quarantine quarantine;                      // quarantine.jsonl (opened with the record)
