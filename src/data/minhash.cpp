@@ -10,7 +10,11 @@
 namespace keel::data {
 
 std::vector<uint64_t> shingle_set(std::string_view text, bool char_shingles, int size) {
-  std::string norm = normalize_text(text);
+  return shingle_set_of_normalized(normalize_text(text), char_shingles, size);
+}
+
+std::vector<uint64_t> shingle_set_of_normalized(std::string_view norm, bool char_shingles,
+                                                int size) {
   std::vector<uint64_t> out;
   size = std::max(size, 1);
   if (char_shingles) {

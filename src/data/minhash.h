@@ -24,6 +24,9 @@ struct MinHashConfig {
 // The set of shingle hashes of normalised text (sorted, unique). Word shingles are runs of
 // `size` consecutive whitespace-separated words; a text with fewer words gives one shingle.
 std::vector<uint64_t> shingle_set(std::string_view text, bool char_shingles, int size);
+// The same of text normalize_text (text_filters.h) already normalised.
+std::vector<uint64_t> shingle_set_of_normalized(std::string_view norm, bool char_shingles,
+                                                int size);
 // |A ∩ B| / |A ∪ B| of two sorted unique sets (1 when both are empty).
 double exact_jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b);
 

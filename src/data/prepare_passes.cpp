@@ -18,6 +18,7 @@
 
 #include "data/minhash.h"
 #include "data/provenance.h"
+#include "data/shard_format.h"
 #include "data/shard_writer.h"
 
 namespace keel::data {
@@ -198,16 +199,152 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) 
   for (auto& th : pool) th.join();
 }
 
+namespace {
+
+// A raw block's JSONL records parsed on the workers (parsing is a fifth of a prepare's work, and
+// one reading thread doing it bounded every other); the invalid ones dropped and counted, in order,
+// their positions among the records read (from `raw0` on) noted. With a plan (a second pass), the
+// records the first pass found invalid are dropped unparsed and only the wanted documents parsed.
+void parse_block(std::vector<Document>& docs, int64_t raw0, const std::vector<InputFile>& files,
+                 const InputOptions& input, int threads, const ParsePlan* plan,
+                 ReaderStats& parsed) {
+  std::vector<uint8_t> valid(docs.size(), 1), parse(docs.size(), 1);
+  if (plan) {
+    const auto& invalid = *plan->invalid_records;
+    auto next_invalid = std::lower_bound(invalid.begin(), invalid.end(), raw0);
+    int64_t id = raw0 - (next_invalid - invalid.begin());
+    for (size_t i = 0; i < docs.size(); ++i) {
+      const int64_t raw = raw0 + static_cast<int64_t>(i);
+      if (next_invalid != invalid.end() && *next_invalid == raw) {
+        valid[i] = parse[i] = 0;
+        ++next_invalid;
+      } else {
+        parse[i] = plan->wanted(id++);
+      }
+    }
+  }
+  std::vector<std::string> why(docs.size());
+  parallel_for(docs.size(), threads, [&](size_t i) {
+    Document& d = docs[i];
+    if (d.json_record && parse[i])
+      valid[i] = parse_json_record(d, input, files[d.file].path, &why[i]);
+  });
+  size_t kept = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (!valid[i]) {
+      if (!plan) {
+        parsed.invalid_records.push_back(raw0 + static_cast<int64_t>(i));
+        if (parsed.invalid++ == 0) parsed.first_invalid = std::move(why[i]);
+      }
+      continue;
+    }
+    if (kept != i) docs[kept] = std::move(docs[i]);
+    ++kept;
+  }
+  docs.resize(kept);
+}
+
+// pipeline_blocks with more than one thread: a thread of its own prepares the blocks (their
+// parallel stage on the workers) up to kPrepared ahead, while the calling thread runs their serial
+// stages in order; neither waits for the other but when the queue is full or empty.
+void run_prepared_ahead(BlockReader& blocks, const std::function<void(Block&)>& prepare,
+                        const std::function<void(Block&)>& serial_stage) {
+  constexpr size_t kPrepared = 2;
+  std::mutex mu;
+  std::condition_variable changed;
+  std::deque<Block> ready;
+  bool done = false, stop = false;
+  std::exception_ptr error;
+  std::thread preparer([&] {
+    try {
+      Block b;
+      int64_t first_id = 0;
+      while (blocks.next(b.docs, b.bytes)) {
+        b.first_id = first_id;
+        prepare(b);
+        first_id += static_cast<int64_t>(b.docs.size());
+        std::unique_lock<std::mutex> lock(mu);
+        changed.wait(lock, [&] { return ready.size() < kPrepared || stop; });
+        if (stop) break;
+        ready.push_back(std::move(b));
+        b = Block();
+        changed.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    changed.notify_all();
+  });
+  auto halt = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    changed.notify_all();
+    preparer.join();
+  };
+  try {
+    while (true) {
+      Block b;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        changed.wait(lock, [&] { return !ready.empty() || done; });
+        if (ready.empty()) break;
+        b = std::move(ready.front());
+        ready.pop_front();
+        changed.notify_all();
+      }
+      serial_stage(b);
+    }
+  } catch (...) {
+    halt();
+    throw;
+  }
+  halt();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+ReaderStats pipeline_blocks(const std::vector<InputFile>& files, const InputOptions& input,
+                            int threads, const std::function<void(Block&)>& parallel_stage,
+                            const std::function<void(Block&)>& serial_stage,
+                            const ParsePlan* plan) {
+  DocumentReader reader(files, input, /*defer_json=*/true);
+  BlockReader blocks(reader, threads > 1);
+  ReaderStats parsed;
+  int64_t raw = 0;  // records read before the block being prepared
+  auto prepare = [&](Block& b) {
+    const int64_t raw0 = raw;
+    raw += static_cast<int64_t>(b.docs.size());
+    parse_block(b.docs, raw0, files, input, threads, plan, parsed);
+    parallel_stage(b);
+  };
+  if (threads <= 1) {
+    Block b;
+    while (blocks.next(b.docs, b.bytes)) {
+      prepare(b);
+      serial_stage(b);
+      b.first_id += static_cast<int64_t>(b.docs.size());
+    }
+  } else {
+    run_prepared_ahead(blocks, prepare, serial_stage);
+  }
+  blocks.finish();
+  parsed.bytes = reader.bytes_read();
+  parsed.invalid += reader.invalid_records();
+  if (parsed.first_invalid.empty()) parsed.first_invalid = reader.first_invalid();
+  return parsed;
+}
+
 ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
                            int threads,
                            const std::function<void(std::vector<Document>&, int64_t)>& fn) {
-  DocumentReader reader(files, input);
-  BlockReader blocks(reader, threads > 1);
-  std::vector<Document> block;
-  int64_t bytes = 0;
-  while (blocks.next(block, bytes)) fn(block, bytes);
-  blocks.finish();
-  return {reader.bytes_read(), reader.invalid_records(), reader.first_invalid()};
+  return pipeline_blocks(
+      files, input, threads, [](Block&) {}, [&](Block& b) { fn(b.docs, b.bytes); });
 }
 
 MinHashConfig seeded_minhash(const PrepareOptions& o) {
@@ -228,9 +365,11 @@ void compute_features(const PrepareOptions& o, const MinHasher& hasher,
       f.verdict = why == "one_character" ? kOneChar : kRepeated;
       return;
     }
-    f.hash = normalized_hash(block[i].text);
+    const std::string norm = normalize_text(block[i].text);
+    f.hash = xxh3(norm.data(), norm.size());  // normalized_hash(text), normalising once
     if (sign) {
-      auto shingles = shingle_set(block[i].text, o.minhash.char_shingles, o.minhash.shingle_size);
+      auto shingles =
+          shingle_set_of_normalized(norm, o.minhash.char_shingles, o.minhash.shingle_size);
       if (!shingles.empty()) f.signature = hasher.signature(shingles);
     }
   });
@@ -331,23 +470,24 @@ DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& fi
   if (!spm_text_path.empty()) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
   const int64_t total = plain_text_bytes(files);
   const auto start = SteadyClock::now();
-  std::vector<DocumentFeatures> features;
-  const ReaderStats stats =
-      for_each_block(files, o.input, threads, [&](std::vector<Document>& block, int64_t bytes) {
-        compute_features(o, hasher, block, threads, features);
-        for (size_t i = 0; i < block.size(); ++i) {
-          const Document& d = block[i];
+  const ReaderStats stats = pipeline_blocks(
+      files, o.input, threads,
+      [&](Block& b) { compute_features(o, hasher, b.docs, threads, b.features); },
+      [&](Block& b) {
+        for (size_t i = 0; i < b.docs.size(); ++i) {
+          const Document& d = b.docs[i];
           const uint8_t s = decider.decide(d.file, static_cast<int64_t>(d.text.size()), d.line,
-                                           d.id, features[i]);
+                                           d.id, b.features[i]);
           if (s == kKept && !spm_text_path.empty() && r.spm_bytes < kSpmTrainBytes)
             sample_for_spm(d.text, spm_text, r.spm_bytes);
         }
-        report_progress(o, 1, bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
+        report_progress(o, 1, b.bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
       });
   decider.finish();
   r.bytes_in = stats.bytes;
   r.invalid = stats.invalid;
   r.first_invalid = stats.first_invalid;
+  r.invalid_records = stats.invalid_records;
   return r;
 }
 
@@ -357,24 +497,29 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
   PackResult r;
   Packer packer(o, tokenizer, r);
   const auto start = SteadyClock::now();
-  std::vector<std::vector<uint32_t>> tokens;
-  int64_t id0 = 0;
-  for_each_block(files, o.input, threads, [&](std::vector<Document>& block, int64_t bytes) {
-    tokens.assign(block.size(), {});
-    auto kept = [&](size_t i) {
-      const int64_t id = id0 + static_cast<int64_t>(i);
-      return dedup.status[id] == kKept && length_filter.keep(dedup.lengths[id]);
-    };
-    parallel_for(block.size(), threads, [&](size_t i) {
-      if (kept(i)) tokenizer.encode(block[i].text, tokens[i]);
-    });
-    for (size_t i = 0; i < block.size(); ++i) {
-      const int64_t id = id0 + static_cast<int64_t>(i);
-      if (kept(i)) packer.add(static_cast<uint64_t>(id), tokens[i], dedup.clusters[id]);
-    }
-    id0 += static_cast<int64_t>(block.size());
-    report_progress(o, 2, bytes, id0, dedup.bytes_in, r.tokens_out, start);
-  });
+  auto kept = [&](int64_t id) {
+    return dedup.status[id] == kKept && length_filter.keep(dedup.lengths[id]);
+  };
+  // Only the documents packed are parsed again.
+  const ParsePlan plan{&dedup.invalid_records, kept};
+  pipeline_blocks(
+      files, o.input, threads,
+      [&](Block& b) {
+        b.tokens.assign(b.docs.size(), {});
+        parallel_for(b.docs.size(), threads, [&](size_t i) {
+          if (kept(b.first_id + static_cast<int64_t>(i)))
+            tokenizer.encode(b.docs[i].text, b.tokens[i]);
+        });
+      },
+      [&](Block& b) {
+        for (size_t i = 0; i < b.docs.size(); ++i) {
+          const int64_t id = b.first_id + static_cast<int64_t>(i);
+          if (kept(id)) packer.add(static_cast<uint64_t>(id), b.tokens[i], dedup.clusters[id]);
+        }
+        const int64_t done = b.first_id + static_cast<int64_t>(b.docs.size());
+        report_progress(o, 2, b.bytes, done, dedup.bytes_in, r.tokens_out, start);
+      },
+      &plan);
   packer.finish();
   return r;
 }

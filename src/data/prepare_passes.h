@@ -46,7 +46,8 @@ struct DedupResult {
   int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0;
   int64_t bytes_in = 0, invalid = 0, candidates_checked = 0;
   std::string first_invalid;
-  size_t spm_bytes = 0;    // text written for spm-train
+  std::vector<int64_t> invalid_records;  // their positions among the records read (ReaderStats)
+  size_t spm_bytes = 0;                  // text written for spm-train
   nlohmann::json sources;  // meta.json's "sources": the provenance files (data/provenance.h)
 
   // The lengths of the documents dedup kept, for the length filter.
@@ -134,10 +135,37 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
 struct ReaderStats {
   int64_t bytes = 0, invalid = 0;  // bytes of text read; JSONL records skipped as invalid
   std::string first_invalid;
+  std::vector<int64_t> invalid_records;  // the invalid JSONL records' positions among all read
+};
+
+// What a second pass over the same files knows from the first: which records were invalid (its
+// ReaderStats::invalid_records), and which documents it needs parsed (by document id); the rest
+// reach its stages unparsed (Document::json_record).
+struct ParsePlan {
+  const std::vector<int64_t>* invalid_records;
+  std::function<bool(int64_t)> wanted;
 };
 ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
                            int threads,
                            const std::function<void(std::vector<Document>&, int64_t)>& fn);
+
+// A block of documents between the two stages of pipeline_blocks, with what its parallel stage
+// computed for its serial stage.
+struct Block {
+  std::vector<Document> docs;
+  int64_t first_id = 0;  // the id of docs[0]: documents before it in the input
+  int64_t bytes = 0;     // input bytes read up to its end
+  std::vector<DocumentFeatures> features;
+  std::vector<std::vector<uint32_t>> tokens;
+};
+// The blocks of `files`, each through parallel_stage (on up to `threads` threads; it may call
+// parallel_for) and then serial_stage, in input order; a block's parallel stage runs beside the
+// previous block's serial stage, so the serial work (the dedup decisions, the packing) is hidden
+// behind the parallel work.
+ReaderStats pipeline_blocks(const std::vector<InputFile>& files, const InputOptions& input,
+                            int threads, const std::function<void(Block&)>& parallel_stage,
+                            const std::function<void(Block&)>& serial_stage,
+                            const ParsePlan* plan = nullptr);
 
 int worker_threads(const PrepareOptions& o);  // o.threads, or every core
 double cpu_seconds();                         // of this process so far

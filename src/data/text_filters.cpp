@@ -15,18 +15,22 @@
 namespace keel::data {
 
 std::string normalize_text(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
+  // Written through a pointer into a buffer of the input's size (the output is never longer):
+  // appending a byte at a time made this a tenth of prepare's time.
+  std::string out(text.size(), '\0');
+  char* const begin = out.data();
+  char* p = begin;
   bool space = false;
   for (unsigned char c : text) {
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') {
-      space = !out.empty();
+      space = p != begin;
       continue;
     }
-    if (space) out += ' ';
+    if (space) *p++ = ' ';
     space = false;
-    out += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    *p++ = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   }
+  out.resize(static_cast<size_t>(p - begin));
   return out;
 }
 

@@ -160,8 +160,28 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
   return files;
 }
 
-DocumentReader::DocumentReader(std::vector<InputFile> files, InputOptions options)
-    : files_(std::move(files)), options_(std::move(options)) {}
+DocumentReader::DocumentReader(std::vector<InputFile> files, InputOptions options, bool defer_json)
+    : files_(std::move(files)), options_(std::move(options)), defer_json_(defer_json) {}
+
+bool parse_json_record(Document& doc, const InputOptions& options, const std::string& path,
+                       std::string* why) {
+  doc.json_record = false;
+  auto j = nlohmann::json::parse(doc.text, nullptr, /*allow_exceptions=*/false);
+  auto it = j.is_object() ? j.find(options.text_field) : j.end();
+  if (!j.is_object() || it == j.end() || !it->is_string()) {
+    if (why)
+      *why = path + ":" + std::to_string(doc.line) + ": not a JSON object with a string '" +
+             options.text_field + "'";
+    return false;
+  }
+  doc.text = std::move(it->get_ref<std::string&>());
+  doc.id.clear();
+  if (auto id = j.find(options.id_field); id != j.end())
+    doc.id = id->is_string()   ? id->get<std::string>()
+             : id->is_number() ? id->dump()
+                               : std::string();
+  return true;
+}
 
 DocumentReader::~DocumentReader() = default;
 
@@ -219,6 +239,7 @@ bool DocumentReader::next(Document& doc) {
     doc.file = current_;
     doc.text.clear();
     doc.id.clear();
+    doc.json_record = false;
     if (f.parquet) {
       if (parquet_->next(doc.text, doc.id, doc.line)) return true;
       if (parquet_->null_rows() > 0 && invalid_ == 0)
@@ -230,21 +251,14 @@ bool DocumentReader::next(Document& doc) {
     } else if (f.jsonl) {
       while (read_line(line)) {
         if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        auto it = j.is_object() ? j.find(options_.text_field) : j.end();
-        if (!j.is_object() || it == j.end() || !it->is_string()) {
-          if (invalid_++ == 0)
-            first_invalid_ = f.path + ":" + std::to_string(line_no_) +
-                             ": not a JSON object with a string '" + options_.text_field + "'";
-          continue;
-        }
-        doc.text = it->get<std::string>();
+        doc.text = std::move(line);
+        line = std::string();
         doc.line = line_no_;
-        if (auto id = j.find(options_.id_field); id != j.end())
-          doc.id = id->is_string()   ? id->get<std::string>()
-                   : id->is_number() ? id->dump()
-                                     : std::string();
-        return true;
+        doc.json_record = true;
+        if (defer_json_) return true;
+        std::string why;
+        if (parse_json_record(doc, options_, f.path, invalid_ == 0 ? &why : nullptr)) return true;
+        if (invalid_++ == 0) first_invalid_ = why;
       }
     } else if (options_.separator.empty()) {
       doc.line = 1;

@@ -43,12 +43,21 @@ struct Document {
   int64_t line = 0;  // 1-based line where the document starts (JSONL: its record's line); for
                      // parquet its 0-based row
   std::string id;    // JSONL, parquet: the record's id field (a string, or a number as written)
+  bool json_record = false;  // `text` is still a JSONL line (a reader that defers parsing)
 };
+
+// Parses a JSONL line a reader deferred (Document::json_record) in place: text and id from their
+// fields. False for a line that is not a JSON object with a string text field; `why` then says so
+// as DocumentReader::first_invalid() would. Thread-safe.
+bool parse_json_record(Document& doc, const InputOptions& options, const std::string& path,
+                       std::string* why);
 
 // Reads every document of the input files, in order.
 class DocumentReader {
  public:
-  DocumentReader(std::vector<InputFile> files, InputOptions options);
+  // `defer_json`: JSONL lines come back unparsed (Document::json_record), for the caller to parse
+  // on its threads (parse_json_record) and count what is invalid; next() parses them otherwise.
+  DocumentReader(std::vector<InputFile> files, InputOptions options, bool defer_json = false);
   ~DocumentReader();
   // False at the end of the inputs. JSONL lines that are not JSON objects with a string text
   // field are skipped and counted (invalid_records()); the first is named in first_invalid().
@@ -71,6 +80,7 @@ class DocumentReader {
   std::string buffer_;
   size_t buffer_pos_ = 0;
   bool eof_ = true;
+  bool defer_json_ = false;
 };
 
 }  // namespace keel::data

@@ -94,5 +94,41 @@ TEST(PrepareCommand, JobsDoNotChangeTheOutput) {
   EXPECT_NE(meta("2")["prepare_command"].get<std::string>().find("--jobs 2"), std::string::npos);
 }
 
+// JSONL records that are not documents (not JSON, no text field) change nothing but the count: the
+// second pass, which parses only the documents it packs, maps every record to the same document
+// as the first; the shards equal those of the same records without the invalid lines, at --jobs 1
+// and 2.
+TEST(PrepareCommand, InvalidJsonlRecordsAreSkippedAlikeInBothPasses) {
+  const std::string fortunes = "/usr/share/games/fortunes/fortunes";
+  if (!std::filesystem::exists(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
+  ScratchDir dir("prepare_invalid");
+  const int64_t records = write_fortunes_jsonl(fortunes, dir.path() / "clean.jsonl");
+  ASSERT_GT(records, 100);
+  {
+    std::ifstream in(dir.path() / "clean.jsonl");
+    std::ofstream out(dir.path() / "dirty.jsonl");
+    std::string line;
+    for (int64_t k = 0; std::getline(in, line); ++k) {
+      if (k % 37 == 0) out << (k % 2 ? "not json at all\n" : "{\"title\": \"no text field\"}\n");
+      out << line << "\n";
+    }
+  }
+  const std::string flags = " --seq-len 128 --val-fraction 0.05 --id-field nothing";
+  for (const std::string name : {"clean", "dirty"})
+    for (const char* jobs : {"1", "2"}) {
+      auto r = run_keel("prepare --input " + (dir / (name + ".jsonl")) + " --output " +
+                        (dir / (name + jobs)) + flags + " --jobs " + jobs);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+  const auto report = nlohmann::json::parse(data::testing::read_bytes(dir / "dirty2/report.json"));
+  EXPECT_EQ(report["invalid_records"].get<int64_t>(), (records + 36) / 37);
+  EXPECT_EQ(report["documents_in"].get<int64_t>(), records);
+  EXPECT_GE(expect_same_dataset(dir.path() / "dirty1", dir.path() / "dirty2"), 4u);
+  for (const char* file : {"train.idx", "train_00000.bin", "val.idx", "val_00000.bin"})
+    EXPECT_TRUE(data::testing::read_bytes(dir / "clean1/" + file) ==
+                data::testing::read_bytes(dir / "dirty2/" + file))
+        << file;
+}
+
 }  // namespace
 }  // namespace keel::testing
