@@ -49,59 +49,52 @@ uint64_t mix(uint64_t seed, uint64_t x) {
 }
 double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
 
-// Reads the blocks of a pass one ahead on a thread of its own (with more than one worker), so that
-// reading and parsing the input overlap the workers' hashing and tokenizing. Blocks come out in
-// input order, so the output does not depend on it.
-class BlockReader {
+// Runs `produce` on a thread of its own, up to `depth` items ahead of the thread that takes them
+// (pop()), in the order produced. The producer's exception reaches pop() after the items made
+// before it. Stopping early (the destructor) lets a producer blocked on a full queue return.
+template <class T>
+class Ahead {
  public:
-  BlockReader(DocumentReader& reader, bool ahead) : reader_(reader) {
-    if (ahead) thread_ = std::thread([this] { run(); });
+  Ahead(std::function<bool(T&)> produce, size_t depth)
+      : produce_(std::move(produce)), depth_(depth) {
+    thread_ = std::thread([this] { run(); });
   }
-  ~BlockReader() { finish(); }
-  BlockReader(const BlockReader&) = delete;
-  BlockReader& operator=(const BlockReader&) = delete;
-
-  // The next block and the input bytes read up to its end; false at the end of the input. An
-  // error of the reader is thrown here, after the blocks read before it.
-  bool next(std::vector<Document>& block, int64_t& bytes) {
-    if (!thread_.joinable()) {
-      const bool any = read_block(reader_, block);
-      bytes = reader_.bytes_read();
-      return any;
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    ready_.wait(lock, [&] { return !queue_.empty() || done_; });
-    if (queue_.empty()) {
-      if (error_) std::rethrow_exception(error_);
-      return false;
-    }
-    block = std::move(queue_.front().first);
-    bytes = queue_.front().second;
-    queue_.pop_front();
-    space_.notify_one();
-    return true;
-  }
-  // Stops and joins the thread; the DocumentReader is the caller's again.
-  void finish() {
+  ~Ahead() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
-    space_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    changed_.notify_all();
+    thread_.join();
+  }
+  Ahead(const Ahead&) = delete;
+  Ahead& operator=(const Ahead&) = delete;
+
+  // The next item; false once the producer is done and every item taken.
+  bool pop(T& out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return !queue_.empty() || done_; });
+    if (queue_.empty()) {
+      if (error_) std::rethrow_exception(error_);
+      return false;
+    }
+    out = std::move(queue_.front());
+    queue_.pop_front();
+    changed_.notify_all();
+    return true;
   }
 
  private:
   void run() {
     try {
-      std::vector<Document> block;
-      while (read_block(reader_, block)) {
+      T item{};
+      while (produce_(item)) {
         std::unique_lock<std::mutex> lock(mu_);
-        space_.wait(lock, [&] { return queue_.size() < kAhead || stopping_; });
+        changed_.wait(lock, [&] { return queue_.size() < depth_ || stopping_; });
         if (stopping_) break;
-        queue_.emplace_back(std::move(block), reader_.bytes_read());
-        block = {};
-        ready_.notify_one();
+        queue_.push_back(std::move(item));
+        item = T{};
+        changed_.notify_all();
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -109,17 +102,61 @@ class BlockReader {
     }
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
-    ready_.notify_all();
+    changed_.notify_all();
   }
 
-  static constexpr size_t kAhead = 2;
-  DocumentReader& reader_;
+  std::function<bool(T&)> produce_;
+  size_t depth_;
   std::thread thread_;
   std::mutex mu_;
-  std::condition_variable ready_, space_;
-  std::deque<std::pair<std::vector<Document>, int64_t>> queue_;
+  std::condition_variable changed_;
+  std::deque<T> queue_;
   bool done_ = false, stopping_ = false;
   std::exception_ptr error_;
+};
+
+// The blocks of a pass in input order, read one ahead on a thread of its own (with more than one
+// worker), so that reading the input overlaps the workers' work.
+class BlockReader {
+ public:
+  BlockReader(DocumentReader& reader, bool ahead) : reader_(reader) {
+    if (ahead)
+      ahead_ = std::make_unique<Ahead<RawBlock>>(
+          [this](RawBlock& b) {
+            if (!read_block(reader_, b.docs)) return false;
+            b.bytes = reader_.bytes_read();
+            return true;
+          },
+          kAhead);
+  }
+  BlockReader(const BlockReader&) = delete;
+  BlockReader& operator=(const BlockReader&) = delete;
+
+  // The next block and the input bytes read up to its end; false at the end of the input. An
+  // error of the reader is thrown here, after the blocks read before it.
+  bool next(std::vector<Document>& block, int64_t& bytes) {
+    if (!ahead_) {
+      const bool any = read_block(reader_, block);
+      bytes = reader_.bytes_read();
+      return any;
+    }
+    RawBlock b;
+    if (!ahead_->pop(b)) return false;
+    block = std::move(b.docs);
+    bytes = b.bytes;
+    return true;
+  }
+  // Stops and joins the thread; the DocumentReader is the caller's again.
+  void finish() { ahead_.reset(); }
+
+ private:
+  struct RawBlock {
+    std::vector<Document> docs;
+    int64_t bytes = 0;
+  };
+  static constexpr size_t kAhead = 2;
+  DocumentReader& reader_;
+  std::unique_ptr<Ahead<RawBlock>> ahead_;
 };
 
 void report_progress(const PrepareOptions& o, int pass, int64_t bytes_read, int64_t documents,
@@ -245,66 +282,21 @@ void parse_block(std::vector<Document>& docs, int64_t raw0, const std::vector<In
 }
 
 // pipeline_blocks with more than one thread: a thread of its own prepares the blocks (their
-// parallel stage on the workers) up to kPrepared ahead, while the calling thread runs their serial
+// parallel stage on the workers) up to two ahead, while the calling thread runs their serial
 // stages in order; neither waits for the other but when the queue is full or empty.
 void run_prepared_ahead(BlockReader& blocks, const std::function<void(Block&)>& prepare,
                         const std::function<void(Block&)>& serial_stage) {
-  constexpr size_t kPrepared = 2;
-  std::mutex mu;
-  std::condition_variable changed;
-  std::deque<Block> ready;
-  bool done = false, stop = false;
-  std::exception_ptr error;
-  std::thread preparer([&] {
-    try {
-      Block b;
-      int64_t first_id = 0;
-      while (blocks.next(b.docs, b.bytes)) {
+  int64_t first_id = 0;
+  Ahead<Block> prepared(
+      [&](Block& b) {
+        if (!blocks.next(b.docs, b.bytes)) return false;
         b.first_id = first_id;
         prepare(b);
         first_id += static_cast<int64_t>(b.docs.size());
-        std::unique_lock<std::mutex> lock(mu);
-        changed.wait(lock, [&] { return ready.size() < kPrepared || stop; });
-        if (stop) break;
-        ready.push_back(std::move(b));
-        b = Block();
-        changed.notify_all();
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      error = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    changed.notify_all();
-  });
-  auto halt = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    changed.notify_all();
-    preparer.join();
-  };
-  try {
-    while (true) {
-      Block b;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        changed.wait(lock, [&] { return !ready.empty() || done; });
-        if (ready.empty()) break;
-        b = std::move(ready.front());
-        ready.pop_front();
-        changed.notify_all();
-      }
-      serial_stage(b);
-    }
-  } catch (...) {
-    halt();
-    throw;
-  }
-  halt();
-  if (error) std::rethrow_exception(error);
+        return true;
+      },
+      /*depth=*/2);
+  for (Block b; prepared.pop(b);) serial_stage(b);
 }
 
 }  // namespace
