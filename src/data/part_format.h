@@ -45,8 +45,6 @@ inline constexpr PayloadFile kPayload[] = {{"documents.bin", kDocsMagic, sizeof(
                                            {"tokens.bin", kTokensMagic, 0},
                                            {"ids.bin", kIdsMagic, 1}};
 
-inline uint32_t token_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
-
 // Everything that shapes the dataset, as part.json records it, so that every part and the merge
 // agree on it; options_from is its inverse, with the part's copy of the tokenizer's file.
 nlohmann::json options_json(const PrepareOptions& o);

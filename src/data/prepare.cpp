@@ -229,10 +229,7 @@ fs::path resolved_output(const std::string& output) {
 void refuse_inputs_inside(const std::vector<InputFile>& files, const fs::path& output,
                           const std::string& flag) {
   for (const auto& f : files) {
-    std::error_code ec;
-    const fs::path in = fs::weakly_canonical(fs::absolute(f.path), ec);
-    const auto rel = in.lexically_relative(output);
-    if (!ec && !rel.empty() && *rel.begin() != "..")
+    if (lies_inside(f.path, output))
       throw DataError("--input " + f.path + " lies inside --output " + flag +
                       ", which the new dataset replaces whole; HINT: keep the raw text outside " +
                       "the dataset directory, or prepare into another --output");
@@ -240,6 +237,14 @@ void refuse_inputs_inside(const std::vector<InputFile>& files, const fs::path& o
 }
 
 }  // namespace
+
+bool lies_inside(const fs::path& path, const fs::path& dir) {
+  std::error_code ec, dir_ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir), dir_ec);
+  const auto rel = p.lexically_relative(d);
+  return !ec && !dir_ec && !rel.empty() && *rel.begin() != "..";
+}
 
 void check_prepare_output(const std::string& output, bool overwrite) {
   if (output.empty()) throw DataError("--output: a directory is required");
@@ -436,7 +441,7 @@ nlohmann::json make_meta(const PrepareOptions& o, const std::vector<InputFile>& 
           {"prepare_command", o.command},
           {"tokenizer", tokenizer.describe()},
           {"vocab_size", tokenizer.vocab_size()},
-          {"token_dtype", tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32"},
+          {"token_dtype", token_bytes_for(tokenizer.vocab_size()) == 2 ? "uint16" : "uint32"},
           {"boundary_id", tokenizer.boundary_id()},
           {"seq_len", o.seq_len},
           {"counts", counts},

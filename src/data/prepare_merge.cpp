@@ -74,7 +74,7 @@ Part open_part(const fs::path& dir, int task, int tasks) {
           check_file_header(f.data(), f.size(), f.path(), kPayload[k].magic, "prepare part");
       p.entries[k] = entry.at("entries").get<uint64_t>();
       const uint32_t elem =
-          k == 2 ? token_bytes(p.json.at("tokenizer").at("vocab_size").get<int64_t>())
+          k == 2 ? token_bytes_for(p.json.at("tokenizer").at("vocab_size").get<int64_t>())
                  : kPayload[k].elem_bytes;
       if (k == 2) p.token_bytes = elem;
       if (h.elem_bytes != elem || h.count != p.entries[k])
@@ -266,10 +266,7 @@ nlohmann::json merge_parts(const std::string& parts_dir, const PrepareOptions& c
     files.push_back({in.at("path").get<std::string>(), in.at("format") == "jsonl",
                      in.at("format") == "parquet"});
   const auto skipped = parts.front().json.at("skipped_files").get<std::vector<std::string>>();
-  std::error_code ec;
-  const auto rel = fs::weakly_canonical(fs::absolute(parts_dir), ec)
-                       .lexically_relative(fs::weakly_canonical(fs::absolute(cli.output), ec));
-  if (!rel.empty() && *rel.begin() != "..")
+  if (lies_inside(parts_dir, cli.output))
     throw DataError("--merge " + parts_dir + " lies inside --output " + cli.output +
                     ", which the dataset replaces whole; HINT: keep the parts beside the dataset");
   return write_staged(o, files, [&](const PrepareOptions& staged) {

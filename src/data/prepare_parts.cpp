@@ -136,37 +136,37 @@ nlohmann::json write_part(const PrepareOptions& o, const std::vector<InputFile>&
               task, tasks, files.size());
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o, "", threads);
   const MinHasher hasher(seeded_minhash(o));
-  PartWriter writer(o.output, token_bytes(tokenizer->vocab_size()));
+  PartWriter writer(o.output, token_bytes_for(tokenizer->vocab_size()));
   std::unordered_set<uint64_t> seen;  // exact duplicates within the part are out whatever else
-  std::vector<DocumentFeatures> features;
   std::vector<uint8_t> tokenize;
-  std::vector<std::vector<uint32_t>> tokens;
   const int64_t hard_max =
       o.length.max_length > 0 ? o.length.max_length : std::numeric_limits<int64_t>::max();
   const std::vector<InputFile> mine(files.begin() + first, files.begin() + end);
   int64_t documents = 0;
-  const ReaderStats stats =
-      for_each_block(mine, o.input, threads, [&](std::vector<Document>& block, int64_t bytes) {
-        compute_features(o, hasher, block, threads, features);
+  const ReaderStats stats = pipeline_blocks(
+      mine, o.input, threads,
+      [&](Block& b) { compute_features(o, hasher, b.docs, threads, b.features); },
+      [&](Block& b) {
+        const std::vector<Document>& block = b.docs;
         tokenize.assign(block.size(), 0);
-        tokens.assign(block.size(), {});
+        b.tokens.assign(block.size(), {});
         for (size_t i = 0; i < block.size(); ++i) {
-          if (features[i].verdict != kKept) continue;
-          const bool duplicate = o.exact_dedup && !seen.insert(features[i].hash).second;
+          if (b.features[i].verdict != kKept) continue;
+          const bool duplicate = o.exact_dedup && !seen.insert(b.features[i].hash).second;
           const auto length = static_cast<int64_t>(block[i].text.size());
           tokenize[i] = !duplicate && length >= o.length.min_length && length <= hard_max;
         }
         parallel_for(block.size(), threads, [&](size_t i) {
-          if (tokenize[i]) tokenizer->encode(block[i].text, tokens[i]);
+          if (tokenize[i]) tokenizer->encode(block[i].text, b.tokens[i]);
         });
         for (size_t i = 0; i < block.size(); ++i)
-          writer.add(static_cast<uint32_t>(first + block[i].file), block[i], features[i],
-                     tokenize[i], tokens[i]);
+          writer.add(static_cast<uint32_t>(first + block[i].file), block[i], b.features[i],
+                     tokenize[i], b.tokens[i]);
         documents += static_cast<int64_t>(block.size());
         if (o.on_progress) {
           PrepareProgress p;
           p.documents = documents;
-          p.bytes_read = bytes;
+          p.bytes_read = b.bytes;
           p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           o.on_progress(p);
         }

@@ -332,13 +332,6 @@ ReaderStats pipeline_blocks(const std::vector<InputFile>& files, const InputOpti
   return parsed;
 }
 
-ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
-                           int threads,
-                           const std::function<void(std::vector<Document>&, int64_t)>& fn) {
-  return pipeline_blocks(
-      files, input, threads, [](Block&) {}, [&](Block& b) { fn(b.docs, b.bytes); });
-}
-
 MinHashConfig seeded_minhash(const PrepareOptions& o) {
   MinHashConfig mh = o.minhash;
   mh.seed = o.seed;
@@ -415,7 +408,7 @@ void DedupDecider::finish() {
 }
 
 Packer::Packer(const PrepareOptions& o, const Tokenizer& tokenizer, PackResult& r) : o_(o), r_(r) {
-  const uint32_t token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+  const uint32_t token_bytes = token_bytes_for(tokenizer.vocab_size());
   for (const char* split : {"train", "val"}) {
     if (std::string(split) == "val" && o.val_fraction <= 0) continue;
     writers_[split] =

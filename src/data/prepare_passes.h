@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -129,9 +130,7 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
                      const DedupResult& dedup, const LengthFilter& length_filter,
                      const Tokenizer& tokenizer, int threads);
 
-// Reads `files` block by block (one block ahead on a thread of its own when `threads` > 1) and
-// calls fn(block, input bytes read so far) for each, in input order; returns what the reader
-// counted.
+// What a pass's reading counted.
 struct ReaderStats {
   int64_t bytes = 0, invalid = 0;  // bytes of text read; JSONL records skipped as invalid
   std::string first_invalid;
@@ -145,9 +144,6 @@ struct ParsePlan {
   const std::vector<int64_t>* invalid_records;
   std::function<bool(int64_t)> wanted;
 };
-ReaderStats for_each_block(const std::vector<InputFile>& files, const InputOptions& input,
-                           int threads,
-                           const std::function<void(std::vector<Document>&, int64_t)>& fn);
 
 // A block of documents between the two stages of pipeline_blocks, with what its parallel stage
 // computed for its serial stage.
@@ -188,6 +184,13 @@ nlohmann::json write_reports_and_meta(const PrepareOptions& o, const std::vector
                                       const PackResult& packed, const Tokenizer& tokenizer,
                                       const PrepareTiming& timing,
                                       const nlohmann::json& extra_meta = nullptr);
+
+// Bytes per token of a dataset whose tokenizer has `vocab_size` ids: uint16 up to 65,536, else
+// uint32 (the shards, and a split prepare's parts).
+inline uint32_t token_bytes_for(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+// Whether `path` is `dir` or lies below it, both resolved (absolute, symlinks followed).
+bool lies_inside(const std::filesystem::path& path, const std::filesystem::path& dir);
 
 // Validates the options every prepare shares (DataError naming the flag).
 void check_prepare_options(const PrepareOptions& o);
