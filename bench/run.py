@@ -27,6 +27,7 @@ Progress goes to stderr, the Markdown report to stdout:
   scripts/gpu_check.sh                # CUDA, bf16: the 124m and 350m configs
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -269,7 +270,7 @@ def device_name(device):
 def benchmark_config(args, shape, warmup, steps):
     """The keel/reference pairs of one config (with the guard-off runs in the same rotation when
     this config carries the extras)."""
-    extras = shape.name == EXTRAS_CONFIG
+    extras = shape.name == EXTRAS_CONFIG or args.guard_off
     keel_runs, ref_runs, off_runs = [], [], []
     for i in range(args.pairs):
         update_peak(args)
@@ -333,16 +334,18 @@ def print_report(args, meta, results, extras):
     print(f"Peak matmul ({meta['peak_how']}, the best of {len(samples)} measurements taken before every "
           f"pair; they ranged {min(samples):,.0f}–{max(samples):,.0f}): {meta['peak_gflops']:,.1f} GFLOP/s, "
           "the MFU denominator.\n")
+    guard = all("guard_overhead" in r for r in results.values())
     print("| config | params | keel tokens/s | reference tokens/s | keel/reference median [min–max] "
-          "| keel MFU | reference MFU |")
-    print("|---|---|---|---|---|---|---|")
+          "| keel MFU | reference MFU |" + (" guard on vs off |" if guard else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if guard else ""))
     for name, r in results.items():
         params = f"{r['params'] / 1e6:.2f}M ({r['params']:,})"
         if r["reference_params"] != r["params"]:
             params += f", reference {r['reference_params']:,}"
         print(f"| {name} | {params} | {r['keel_tokens_per_s']:,.0f} | {r['reference_tokens_per_s']:,.0f} "
               f"| {r['ratio_median']:.3f} [{min(r['ratios']):.3f}–{max(r['ratios']):.3f}] "
-              f"| {r['keel_mfu'] * 100:.1f} % | {r['reference_mfu'] * 100:.1f} % |")
+              f"| {r['keel_mfu'] * 100:.1f} % | {r['reference_mfu'] * 100:.1f} % |"
+              + (f" {r['guard_overhead'] * 100:+.1f} % |" if guard else ""))
     print()
     for name, r in results.items():
         s = CONFIGS[name]
@@ -350,7 +353,7 @@ def print_report(args, meta, results, extras):
         print(f"- {name}: d_model {s.d_model}, {s.layers} layers, {s.heads} heads, vocab {s.vocab}, "
               f"seq_len {s.seq_len}, micro-batch {s.batch}, {r['warmup']} warm-up + {r['steps']} timed steps "
               f"per run{note}.")
-    if extras:
+    if "checkpoint" in extras:
         g, c = extras["guard"], extras["checkpoint"]
         print(f"\nOn the {EXTRAS_CONFIG} config:\n")
         print(f"- guard overhead: {g['on_step_ms']:.1f} ms/step with stability.enabled, "
@@ -392,9 +395,24 @@ def main():
     ap.add_argument("--keel-set", action="append", default=[], metavar="KEY=VALUE",
                     help="one more --set for every keel run (repeatable)")
     ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument("--micro-batches", action="append", default=[], metavar="CONFIG=B,B,...",
+                    help="run CONFIG at each of these micro-batch sizes (as CONFIG-mbB), e.g. 124m=8,32,64")
+    ap.add_argument("--guard-off", action="store_true",
+                    help="a guard-off keel run beside every pair of every config: the guard's cost per shape")
     args = ap.parse_args()
     args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
-    args.configs = args.configs or DEFAULT_CONFIGS[args.device]
+    args.configs = list(args.configs or DEFAULT_CONFIGS[args.device])
+    for spec in args.micro_batches:
+        name, _, sizes = spec.partition("=")
+        if name not in args.configs or not sizes:
+            ap.error(f"--micro-batches {spec}: expected CONFIG=B,B,... with CONFIG among --configs")
+        variants = []
+        for b in sizes.split(","):
+            variant = dataclasses.replace(CONFIGS[name], name=f"{name}-mb{int(b)}", batch=int(b))
+            CONFIGS[variant.name] = variant
+            variants.append(variant.name)
+        i = args.configs.index(name)
+        args.configs[i:i + 1] = variants
     counts = [args.pairs, args.threads, args.ckpt_every] + \
         [n for n in (args.warmup, args.steps, args.log_every) if n is not None]
     if min(counts) < 1:
@@ -420,7 +438,10 @@ def main():
             f"seq {shape.seq_len}, batch {shape.batch}; {warmup} warm-up + {steps} timed steps per run")
         keel_runs, ref_runs, off_runs = benchmark_config(args, shape, warmup, steps)
         results[name] = summarize(shape, warmup, steps, keel_runs, ref_runs)
-        if off_runs:
+        if off_runs:  # per pair (adjacent runs), then the median: robust to the machine's drift
+            results[name]["guard_overhead"] = statistics.median(
+                k["step_ms"] / off["step_ms"] - 1.0 for k, off in zip(keel_runs, off_runs))
+        if off_runs and name == EXTRAS_CONFIG:
             on_ms = statistics.median(k["step_ms"] for k in keel_runs)
             off_ms = statistics.median(k["step_ms"] for k in off_runs)
             # Per pair (adjacent runs), then the median: robust to the machine's drift.

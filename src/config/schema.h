@@ -3,7 +3,6 @@
 // and validate.h read and check it; the visitor below is the one field list every pass shares.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -11,44 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "config/choice.h"
+
 namespace keel::config {
 
-// ---- Choice-valued keys -----------------------------------------------------------------------
-// Every key that takes one of a fixed set of words is an enum with one name table,
-// Choices<E>::kNames (indexed by the enumerator's value). Reading, writing, validation messages and
-// logs all use that table; code compares enumerators, never text.
-template <class E>
-struct Choices;
-
-template <class E>
-concept Choice = requires {
-  Choices<E>::kNames;
-};
-
-template <Choice E>
-constexpr std::string_view name_of(E e) {
-  return Choices<E>::kNames[static_cast<size_t>(e)];
-}
-template <Choice E>
-std::optional<E> parse_choice(std::string_view text) {
-  for (size_t i = 0; i < Choices<E>::kNames.size(); ++i)
-    if (Choices<E>::kNames[i] == text) return static_cast<E>(i);
-  return std::nullopt;
-}
-// "auto|cpu|cuda": the valid words, for messages.
-template <Choice E>
-std::string choice_list() {
-  std::string out;
-  for (auto name : Choices<E>::kNames) out += (out.empty() ? "" : "|") + std::string(name);
-  return out;
-}
-
-#define KEEL_CHOICE(Enum, ...)                                                     \
-  template <>                                                                      \
-  struct Choices<Enum> {                                                           \
-    static constexpr auto kNames = std::to_array<std::string_view>({__VA_ARGS__}); \
-  }
-
+// ---- Choice-valued keys (choice.h) ---------------------------------------------------------
 enum class Device { kAuto, kCpu, kCuda };
 KEEL_CHOICE(Device, "auto", "cpu", "cuda");
 enum class Precision { kFp32, kBf16, kFp16 };
@@ -81,6 +47,10 @@ enum class ScheduleKind { kCosine, kThreePhase, kConstant };
 KEEL_CHOICE(ScheduleKind, "cosine", "three_phase", "constant");
 enum class NanPolicy { kSkip, kPause, kAbort };
 KEEL_CHOICE(NanPolicy, "skip", "pause", "abort");
+// stability.update_gate: the update is queued at once, gated on the device by the guard's pause
+// levels (device), or after the host has read the step and decided (host; docs/DESIGN.md).
+enum class UpdateGate { kDevice, kHost };
+KEEL_CHOICE(UpdateGate, "device", "host");
 enum class ResumeRecovery { kStable, kAlways, kNever };
 KEEL_CHOICE(ResumeRecovery, "stable", "always", "never");
 enum class Backend { kAuto, kNccl, kGloo };
@@ -266,6 +236,7 @@ struct StabilityConfig {
   ScreenConfig screen;
   RecoveryConfig recovery;
   int64_t top_k_samples = 8;
+  UpdateGate update_gate = UpdateGate::kDevice;
   bool operator==(const StabilityConfig&) const = default;
 };
 
@@ -497,6 +468,7 @@ void visit(V& v, StabilityConfig& c) {
   v.section("screen", c.screen);
   v.section("recovery", c.recovery);
   v.field("top_k_samples", c.top_k_samples);
+  v.field("update_gate", c.update_gate);
 }
 template <class V>
 void visit(V& v, StableConfig& c) {

@@ -381,32 +381,19 @@ Decision Guard::observe(const StepSignals& s) {
     return d;
   }
 
-  // The loss keeps its baseline when the grad-norm one restarts (accept_gradient_scale).
-  const bool baseline =
-      static_cast<int64_t>(losses_.size()) >= std::min(kMinBaselineSteps, cfg_.median_window);
+  const bool baseline = loss_baseline_ready();
   AlarmLevels a;
   a.norm_median = grad_norms_.median();
   a.loss_median = losses_.median();
   a.norm_ratio = baseline_ready() && a.norm_median > 0 ? s.grad_norm / a.norm_median : 0.0;
   a.loss_ratio = baseline && a.loss_median > 0 ? s.loss / a.loss_median : 0.0;
-
-  // While the lr ramps up the gradient norm moves by design, by an order of magnitude when the
-  // model leaves its first plateau: against a median of a few warmup steps that is a warning, not
-  // grounds to stop (clipping bounds the update). The loss alarm, the screen and non-finite
-  // values act in warmup as after it.
-  const bool norm_pause = a.norm_ratio > cfg_.pause_factor && s.step >= warmup_steps_;
-  // The loss alarm: loss_alarm_factor x its median, or a jump that the steadiness of the loss
-  // makes unmistakable — kLossJumpRatio x its recent level and kLossJumpZ times its step-to-step
-  // noise above it (a broken update can double the loss while the clipped gradient norm barely
-  // moves).
   a.loss_recent = losses_.median_of_last(kLossRecentSteps);
+  // A jump warns in warmup too; pause_levels() says when it pauses.
   const bool loss_jump = baseline && a.loss_recent > 0 && s.loss > kLossJumpRatio * a.loss_recent &&
                          s.loss > a.loss_recent + kLossJumpZ * losses_.difference_sigma();
-  // In warmup a jump warns and loss_alarm_factor still pauses. Measured on clean text: Adam's
-  // young second moments let one update raise the loss 1.7x, and the next (clipped) update takes
-  // it back; an unprotected run recovers in one step and ends better than one rolled back.
-  const bool loss_pause = (cfg_.loss_alarm_factor > 0 && a.loss_ratio > cfg_.loss_alarm_factor) ||
-                          (loss_jump && s.step >= warmup_steps_);
+  const PauseLevels levels = pause_levels(s.step);
+  const bool norm_pause = levels.norm_pause(s.grad_norm);
+  const bool loss_pause = levels.loss_pause(s.loss);
   // Every pause is preceded by a warn that carries the diagnosis, also when only the loss
   // alarmed: garbage data can raise the loss far more than the clipped-scale gradient norm.
   if (a.norm_ratio > cfg_.warn_factor || loss_pause || loss_jump) {
@@ -428,6 +415,37 @@ Decision Guard::observe(const StepSignals& s) {
   watch_rates(s, d);
   watch_periodicity(s, d);
   return d;
+}
+
+PauseLevels Guard::pause_levels(int64_t step) const {
+  PauseLevels levels;
+  const bool settled = step >= warmup_steps_;
+  // While the lr ramps up the gradient norm moves by design, by an order of magnitude when the
+  // model leaves its first plateau: against a median of a few warmup steps that is a warning, not
+  // grounds to stop (clipping bounds the update). The loss alarm, the screen and non-finite
+  // values act in warmup as after it.
+  const double norm_median = grad_norms_.median();
+  if (settled && baseline_ready() && norm_median > 0)
+    levels.grad_norm = cfg_.pause_factor * norm_median;
+  if (!loss_baseline_ready()) return levels;
+  const double loss_median = losses_.median();
+  if (cfg_.loss_alarm_factor > 0 && loss_median > 0)
+    levels.loss = cfg_.loss_alarm_factor * loss_median;
+  // A jump that the steadiness of the loss makes unmistakable: kLossJumpRatio x its recent level
+  // and kLossJumpZ times its step-to-step noise above it (a broken update can double the loss
+  // while the clipped gradient norm barely moves). In warmup it only warns. Measured on clean
+  // text: Adam's young second moments let one update raise the loss 1.7x, and the next (clipped)
+  // update takes it back; an unprotected run recovers in one step and ends better than one
+  // rolled back.
+  const double recent = losses_.median_of_last(kLossRecentSteps);
+  if (settled && recent > 0)
+    levels.loss = std::min(levels.loss, std::max(kLossJumpRatio * recent,
+                                                 recent + kLossJumpZ * losses_.difference_sigma()));
+  return levels;
+}
+
+bool Guard::loss_baseline_ready() const {
+  return static_cast<int64_t>(losses_.size()) >= std::min(kMinBaselineSteps, cfg_.median_window);
 }
 
 bool Guard::baseline_ready() const {

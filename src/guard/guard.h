@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -130,6 +131,21 @@ struct Decision {
   int64_t rollback = 0;
 };
 
+// The levels past which observe() pauses the step, known before the step's values are. With them
+// the device refuses an update before the host has read the step (stability.update_gate: device):
+// observe() refuses exactly the steps whose loss or gradient norm is non-finite, whose fp16 scaler
+// overflowed, whose every sample the screen masked, or whose values lie above these levels, and
+// applies every other (a pause that diagnosis turns into an applied update aside). Plain
+// comparisons, so the device's verdict and the host's agree to the bit.
+struct PauseLevels {
+  double grad_norm = std::numeric_limits<double>::infinity();  // pause_factor x its median
+  // The lower of loss_alarm_factor x its median and the loss jump's level (the larger of
+  // kLossJumpRatio x its recent level and that level plus kLossJumpZ x its step-to-step noise).
+  double loss = std::numeric_limits<double>::infinity();
+  bool norm_pause(double grad_norm_value) const { return grad_norm_value > grad_norm; }
+  bool loss_pause(double loss_value) const { return loss_value > loss; }
+};
+
 class Guard {
  public:
   // `warmup_steps`: the schedule's warmup. Signals that move by design while the lr ramps up
@@ -149,6 +165,8 @@ class Guard {
   // is off or when that is not above 0.
   std::optional<double> low_threshold(int64_t step) const;
 
+  // The levels observe() pauses step `step` at (its values not yet known).
+  PauseLevels pause_levels(int64_t step) const;
   Decision observe(const StepSignals& s);
   // Completes a decision that needs_diagnosis with `model_ratio`: the model's loss on the reference
   // batch over the newest stable snapshot's (NaN when unknown, which counts as worse). Above
@@ -188,6 +206,8 @@ class Guard {
   double grad_norm_mean() const { return grad_norms_.mean(); }
   double grad_norm_stddev() const { return grad_norms_.stddev(); }
   bool baseline_ready() const;
+  // The loss keeps its baseline when the grad-norm one restarts (accept_gradient_scale).
+  bool loss_baseline_ready() const;
   double loss_median() const { return losses_.median(); }
 
   // Everything observe() and friends depend on, so a resumed run decides exactly as the

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "guard/guard.h"
+#include "train/step_read.h"
 
 namespace keel::train {
 
@@ -36,6 +37,26 @@ struct StepResult {
   std::optional<double> screen_threshold;
   torch::Tensor grad_scale;
   std::optional<double> low_threshold;  // the low side's (set with screen_threshold)
+  torch::Tensor kept;                   // () samples kept, over every rank
+};
+
+// A step's values on their way to the host, queued before the update: one (K) fp64 tensor
+// [loss, grad_norm, overflow, refused, loss_scale, layer norms (L), sample losses (n), keep (n,
+// screened steps only)], and every rank's (id, fingerprint) pairs (n, 2) int64.
+struct StepReadout {
+  StepRead read;
+  size_t values = 0, pairs = 0;  // their indices in `read`
+  // (1) fp32 on the device, stability.update_gate device only: 1 where the guard's pause levels,
+  // a non-finite value, an overflow or a step screened out whole refuse the update.
+  torch::Tensor refuse;
+};
+
+// The update of one step, queued: the weights before it (log steps: the update ratios) and
+// whether the device may have refused it (a gated update).
+struct QueuedUpdate {
+  std::vector<torch::Tensor> before;
+  torch::Tensor found_inf;  // (1) the overflow or non-finite flag, without the gate's verdict
+  bool gated = false;
 };
 
 // The host's copy of one step's per-sample values, read with the guard's signals.
@@ -55,6 +76,7 @@ struct HostSamples {
 struct Verdict {
   guard::Decision decision;
   nlohmann::json signals;
+  bool refused_on_device = false;  // the gate (stability.update_gate: device) held the update back
   guard::Action action() const { return decision.action; }
 };
 

@@ -36,10 +36,6 @@ int agreed_stop_signal(distributed::Communicator& comm, const torch::Device& dev
   return static_cast<int>(t[0].item<int64_t>());
 }
 
-nlohmann::json finite_or_null(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
 }  // namespace
 
 void Trainer::State::event(EventKind kind, const nlohmann::json& detail) {
@@ -94,17 +90,42 @@ void Trainer::State::train_step() {
   faults->after_backward(counters.iteration, sharded ? zero_optimizer->attach_grads() : params);
   std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
   const StepResult result = measure(std::move(sums), threshold, low);
+  if (!guard) {  // every step is applied (a non-finite gradient is still refused on the device)
+    range.emplace("keel/optimizer");
+    const QueuedUpdate update = queue_update(result, lr, log_step, torch::Tensor());
+    range.emplace("keel/record");
+    const std::vector<double> update_ratios = finish_update(result, lr, log_step, update, false);
+    if (log_step) record_step(result, lr, update_ratios), check_consumed();
+    return;
+  }
   range.emplace("keel/guard");
-  Verdict verdict = decide(result, lr);
+  StepReadout readout = queue_read(result);
+  // The gate on the device: the update is queued behind the read, and the host decides while the
+  // device updates.
+  std::optional<QueuedUpdate> update;
+  if (readout.refuse.defined()) {
+    monitor::StageRange queued("keel/optimizer");  // within the guard's range
+    update = queue_update(result, lr, log_step, readout.refuse);
+  }
+  Verdict verdict = decide(result, readout, lr);
   record_verdict(verdict);
   if (verdict.action() != guard::Action::kApply) {
+    if (update && !verdict.refused_on_device)
+      throw std::logic_error(fmt::format(
+          "step {}: the device applied an update that the guard refuses (its pause levels and "
+          "its decision disagree)",
+          counters.step + 1));
     reject(verdict, result);
     return;
   }
-  range.emplace("keel/optimizer");
-  const std::vector<double> update_ratios = apply_update(result, lr, log_step);
+  if (!update) {
+    range.emplace("keel/optimizer");
+    update = queue_update(result, lr, log_step, torch::Tensor());
+  }
   range.emplace("keel/record");
-  if (guard) note_samples();
+  const std::vector<double> update_ratios =
+      finish_update(result, lr, log_step, *update, verdict.refused_on_device);
+  note_samples();
   if (log_step) {
     record_step(result, lr, update_ratios);
     check_consumed();
@@ -312,6 +333,7 @@ StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> scr
     for (const auto& p : grads)
       if (p.grad().defined()) p.grad().div_(growth);
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
+  r.kept = sums[1];
   r.param_norms =
       zero_optimizer ? zero_optimizer->param_grad_norms() : optim::per_param_grad_norms(params);
   r.screen_threshold = screen_threshold;
@@ -337,142 +359,30 @@ double Trainer::State::clip_bound() const {
   return bound;
 }
 
-// One small host read per step, so the guard decides before the update touches the weights: the
-// loss, the norms, the fp16 overflow flag and the step's per-sample losses and screen flags.
-// Without the guard every step is applied (a non-finite gradient is still refused on the device).
-Verdict Trainer::State::decide(const StepResult& r, double lr) {
-  Verdict v;
-  if (!guard) return v;
-  const auto start = Clock::now();
-  const auto dev = r.loss.options();
-  std::vector<torch::Tensor> parts = {
-      r.loss.reshape({1}), r.grad_norm.reshape({1}),
-      r.found_inf ? r.found_inf->reshape({1}).to(dev) : torch::zeros({1}, dev),
-      layers->reduce(r.param_norms)};
-  // Every rank's per-sample losses and screen flags, so that every rank feeds its guard the same
-  // values and takes the same decision.
-  const auto losses = comm.all_gather(torch::cat(step_samples.losses).to(dev));
-  parts.push_back(losses);
-  if (r.screen_threshold) parts.push_back(comm.all_gather(torch::cat(step_samples.keep).to(dev)));
-  auto packed = torch::cat(parts).to(torch::kCPU, torch::kFloat64);
-  const double* p = packed.data_ptr<double>();
-  const int64_t n_layers = static_cast<int64_t>(layers->names().size());
-  const int64_t n = losses.numel();
-  const double* sample_loss = p + 3 + n_layers;
-  const double* keep = r.screen_threshold ? sample_loss + n : nullptr;
-
-  guard::StepSignals s;
-  s.step = counters.step;
-  s.iteration = counters.iteration;
-  s.loss = p[0];
-  s.grad_norm = p[1];
-  s.overflow = p[2] > 0;
-  s.layer_grad_norms.assign(p + 3, p + 3 + n_layers);
-  s.clipped = s.grad_norm > r.clip_bound;
-  if (scaler) s.loss_scale = scaler->scale().item<double>();
-  s.samples = n;
-  s.screen_threshold = r.screen_threshold;
-  // Every rank's (id, fingerprint) pairs in one gather.
-  const auto pairs =
-      comm.all_gather(torch::stack({torch::cat(step_samples.ids).to(torch::kCPU, torch::kInt64),
-                                    torch::tensor(step_samples.fingerprints, torch::kInt64)},
-                                   1)
-                          .to(device))
-          .to(torch::kCPU)
-          .contiguous();  // (n, 2)
-  host_samples = HostSamples();
-  for (int64_t i = 0; i < n; ++i) {
-    host_samples.ids.push_back(pairs.data_ptr<int64_t>()[2 * i]);
-    host_samples.losses.push_back(sample_loss[i]);
-    host_samples.kept.push_back(!keep || keep[i] > 0.5);
-  }
-  observe_repeats(s, pairs, r);
-  for (int64_t i = 0; i < n; ++i) {
-    const bool kept = host_samples.kept[i];
-    // A masked sample below the high bound was masked for the low side (screen.low quarantine).
-    if (kept)
-      s.kept_losses.push_back(sample_loss[i]);
-    else if (!(r.screen_threshold && sample_loss[i] <= *r.screen_threshold))
-      s.masked_losses.push_back(sample_loss[i]);
-    host_samples.masked += !kept;
-  }
-  last_layer_grad_norms = s.layer_grad_norms;
-  v.decision = guard->observe(s);
-  name_low_samples(v.decision);
-  if (v.decision.needs_diagnosis) {
-    // Is the model worse than the snapshot a rollback would restore, on data known to be clean?
-    const double ratio = probe_loss() / probe_reference;
-    v.decision = guard->resolve(std::move(v.decision), ratio);
-  }
-  v.signals = {{"loss", finite_or_null(s.loss)},
-               {"grad_norm", finite_or_null(s.grad_norm)},
-               {"lr", lr},
-               {"clip_bound", r.clip_bound},
-               {"layer_grad_norms", s.layer_grad_norms}};
-  if (v.action() == guard::Action::kApply && s.clipped) ++step_record->window().clipped;
-  step_record->window().masked += host_samples.masked;
-  step_record->window().guard_s += seconds_since(start);
-  return v;
-}
-
-// The verdict on record: the screen's masked samples in quarantine.jsonl (named in its screen
-// events), the guard's events, and the end of the run when it aborts.
-void Trainer::State::record_verdict(Verdict& v) {
-  quarantine_screened(v.decision);
-  if (v.action() == guard::Action::kAbort) stop(v.decision);
-  record_events(v.decision);
-}
-
-void Trainer::State::quarantine_screened(guard::Decision& d) {
-  if (host_samples.masked == 0) return;
-  const bool low_masking = cfg.stability.screen.low == config::LowScreen::kQuarantine;
-  std::vector<std::pair<double, int64_t>> masked;  // (loss, id)
-  for (size_t i = 0; i < host_samples.ids.size(); ++i) {
-    if (host_samples.kept[i]) continue;
-    if (!low_masking || !host_samples.low_side(i)) {
-      masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
-    } else if (host_samples.duplicate_of[i] >= 0) {
-      quarantine.record(host_samples.ids[i], counters, "repeated_data", host_samples.losses[i],
-                        {{"duplicate_of", host_samples.duplicate_of[i]}});
-    } else {
-      quarantine.record(host_samples.ids[i], counters, "low_loss", host_samples.losses[i]);
-    }
-  }
-  if (masked.empty()) return;
-  const nlohmann::json named =
-      quarantine.record_screened(std::move(masked), counters, cfg.stability.top_k_samples);
-  for (auto& e : d.events)
-    if (e.about_screened_samples) e.name_samples(named);
-}
-
-// A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
-void Trainer::State::reject(const Verdict& v, const StepResult& r) {
-  if (scaler && r.found_inf) scaler->update(*r.found_inf);
-  optimizer->zero_grad();
-  counters.rejected();
-  ++step_record->window().skipped;
-  const StepEvidence evidence{v, host_samples, step_samples};
-  if (v.action() == guard::Action::kPause) recovery->rollback(evidence);
-  if (v.decision.skip_reason == guard::SkipReason::kIncident ||
-      v.decision.skip_reason == guard::SkipReason::kData)
-    recovery->drop_step(evidence);
-}
-
-// Clips, steps the optimizer and counts the update. At log steps it returns the per-layer
-// update/parameter ratios |Δw|/|w| (empty otherwise).
-std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr, bool log_step) {
+// Clips and queues the optimizer step. A non-finite gradient never reaches the weights: the
+// update is skipped on the device, as is one that `refuse` (the gate) holds back.
+QueuedUpdate Trainer::State::queue_update(const StepResult& r, double lr, bool log_step,
+                                          const torch::Tensor& refuse) {
+  QueuedUpdate u;
   optim::clip_grad_norm_(zero_optimizer ? zero_optimizer->attach_grads() : params, r.clip_bound,
                          r.grad_norm, r.grad_scale);
-  // A non-finite gradient never reaches the weights: the update is skipped on the device.
   torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
-  torch::Tensor found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
-
+  u.found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
   // ZeRO-3: the weights are this rank's parts, their norms summed over the ranks.
-  const std::vector<torch::Tensor>& weights = sharded ? zero_optimizer->owned_weights() : params;
-  std::vector<torch::Tensor> before;
-  if (log_step) before = torch::_foreach_mul(weights, 1.0);  // snapshot for the update ratio
-  optimizer->step(lr, found_inf);
-  if (scaler) scaler->update(found_inf);
+  if (log_step)  // the weights before, for the update ratio
+    u.before = torch::_foreach_mul(sharded ? zero_optimizer->owned_weights() : params, 1.0);
+  u.gated = refuse.defined();
+  optimizer->step(lr, u.gated ? torch::maximum(u.found_inf, refuse) : u.found_inf);
+  return u;
+}
+
+std::vector<double> Trainer::State::finish_update(const StepResult& r, double lr, bool log_step,
+                                                  const QueuedUpdate& u, bool refused_on_device) {
+  // The gate held back an update that the guard applies (a grad-norm pause that diagnosis found
+  // to be the model's own gradient scale): the skipped step left weights and state untouched, and
+  // the gradients are still there.
+  if (refused_on_device) optimizer->step(lr, u.found_inf);
+  if (scaler) scaler->update(u.found_inf);
   optimizer->zero_grad();
   grad_norm_window->push(r.grad_norm);
   counters.applied();
@@ -482,12 +392,13 @@ std::vector<double> Trainer::State::apply_update(const StepResult& r, double lr,
     for (const auto& e : guard->after_update(counters.step)) event(e);
   if (!log_step) return {};
 
+  const std::vector<torch::Tensor>& weights = sharded ? zero_optimizer->owned_weights() : params;
   torch::Tensor delta_norms, param_norms;
   if (sharded) {
-    delta_norms = zero_optimizer->param_norms(torch::_foreach_sub(weights, before));
+    delta_norms = zero_optimizer->param_norms(torch::_foreach_sub(weights, u.before));
     param_norms = zero_optimizer->param_norms(weights);
   } else {
-    delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, before)));
+    delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, u.before)));
     param_norms = torch::stack(torch::_foreach_norm(params));
   }
   auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);

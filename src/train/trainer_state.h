@@ -82,11 +82,21 @@ struct Trainer::State {
   StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold,
                      std::optional<double> low_threshold);
   double clip_bound() const;
-  // The guard's verdict on the step: it reads the step's values once and writes nothing.
-  Verdict decide(const StepResult& r, double lr);
+  // ---- the guard's verdict (verdict.cpp)
+  // Queues the step's values for the host (and, gate on, the device's verdict on the update).
+  StepReadout queue_read(const StepResult& r);
+  // The guard's verdict on the step, from its values once they are on the host; writes nothing.
+  Verdict decide(const StepResult& r, StepReadout& readout, double lr);
   void record_verdict(Verdict& v);
   void reject(const Verdict& v, const StepResult& r);
-  std::vector<double> apply_update(const StepResult& r, double lr, bool log_step);
+  // Clips and queues the update; `refuse` (the device's verdict) gates it.
+  QueuedUpdate queue_update(const StepResult& r, double lr, bool log_step,
+                            const torch::Tensor& refuse);
+  // The update is applied: the update a gate held back is queued again without it, the loss
+  // scale and the counters move. At log steps it returns the per-layer update/parameter ratios
+  // |dw|/|w| (empty otherwise).
+  std::vector<double> finish_update(const StepResult& r, double lr, bool log_step,
+                                    const QueuedUpdate& u, bool refused_on_device);
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
   // The newest logged training loss (NaN before the first log step).
   double loss_logged() const {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 
 #include "common/error.h"
 
@@ -93,6 +94,46 @@ TEST(Guard, ThresholdsAreStrictMultiplesOfTheMedian) {
     EXPECT_EQ(d.action, c.action) << c.norm;
     EXPECT_EQ(kinds(d), c.events) << c.norm;
   }
+}
+
+// stability.update_gate device: the device refuses an update on pause_levels(), before the host
+// has read the step. observe() must refuse exactly the steps past them (finite values, no
+// overflow, samples kept), or the device would apply an update the guard refuses. Values land
+// on both sides of each level, one ulp apart, in warmup and after.
+TEST(Guard, PauseLevelsSayExactlyWhichStepsObserveRefuses) {
+  Guard g(test_config(), {"a"}, /*warmup_steps=*/15);
+  std::mt19937 rng(7);
+  std::lognormal_distribution<double> noise(0.0, 0.3);
+  const double inf = std::numeric_limits<double>::infinity();
+  int refused = 0, at_level = 0;
+  int64_t step = 0;
+  for (int64_t it = 0; it < 600 && step < 400; ++it) {
+    const PauseLevels levels = g.pause_levels(step);
+    double norm = noise(rng), loss = 2.0 * noise(rng);
+    const int64_t phase = it % 40;
+    const double above = phase % 2 ? 1.0 : -1.0;  // one ulp past the level, or one ulp short
+    if (phase == 17 || phase == 18)
+      norm = levels.grad_norm < inf ? std::nextafter(levels.grad_norm, above * inf) : norm * 30;
+    if (phase == 29 || phase == 30)
+      loss = levels.loss < inf ? std::nextafter(levels.loss, above * inf) : loss * 5;
+    at_level += (phase == 17 || phase == 18) && levels.grad_norm < inf;
+    at_level += (phase == 29 || phase == 30) && levels.loss < inf;
+    StepSignals s = signals(step, norm, loss, {norm});
+    s.iteration = it;
+    const bool past = levels.norm_pause(norm) || levels.loss_pause(loss);
+    Decision d = g.observe(s);
+    ASSERT_EQ(d.action != Action::kApply, past)
+        << "iteration " << it << ": norm " << norm << " (level " << levels.grad_norm << "), loss "
+        << loss << " (level " << levels.loss << ")";
+    refused += past;
+    if (d.needs_diagnosis) d = g.resolve(std::move(d), 1.0);  // the data's fault: dropped
+    ASSERT_NE(d.action, Action::kAbort) << "iteration " << it;
+    if (d.action == Action::kApply) {
+      g.after_update(++step);
+    }
+  }
+  EXPECT_GE(refused, 10);
+  EXPECT_GE(at_level, 20);  // the levels were finite (baselines set) when probed
 }
 
 TEST(Guard, LossAlarmPausesOnItsOwn) {

@@ -136,6 +136,28 @@ TEST_P(AdamWPathTest, FoundInfSkipsStepBitIdentically) {
   expect_close(values(tp.w), adamw_reference(w0, kGradW, 0.1), 1e-6);
 }
 
+// stability.update_gate device: a step the gate held back and the guard then applies is queued a
+// second time without the gate. The two must equal the one step an ungated update makes.
+void expect_held_back_step_equals_one_step(const config::OptimConfig& cfg) {
+  TwoParams held, direct;
+  auto a = make_optimizer(held.groups(cfg), cfg);
+  auto b = make_optimizer(direct.groups(cfg), cfg);
+  for (size_t t = 0; t < 2; ++t) {
+    for (auto* tp : {&held, &direct}) {
+      set_grad(tp->w, tensor(kGradW[t], {2, 2}));
+      set_grad(tp->b, tensor(kGradB[t], {2}));
+    }
+    a->step(kLr[t], torch::ones({1}));   // held back by the gate
+    a->step(kLr[t], torch::zeros({1}));  // applied after the guard's verdict
+    b->step(kLr[t], torch::zeros({1}));
+  }
+  expect_identical(snapshot(*a, {held.w, held.b}), snapshot(*b, {direct.w, direct.b}));
+}
+
+TEST_P(AdamWPathTest, AStepHeldBackThenAppliedEqualsOneStep) {
+  expect_held_back_step_equals_one_step(adamw_cfg(GetParam()));
+}
+
 INSTANTIATE_TEST_SUITE_P(FusedAndForeach, AdamWPathTest, ::testing::Values("on", "off"));
 
 TEST(AdamWTest, FusedAndForeachAgree) {
@@ -278,6 +300,10 @@ TEST(LionTest, FoundInfSkipsStepBitIdentically) {
   set_grad(tp.b, tensor({1.0, std::numeric_limits<double>::infinity()}, {2}));
   opt->step(0.01, torch::ones({1}));
   expect_identical(snapshot(*opt, {tp.w, tp.b}), before);
+}
+
+TEST(LionTest, AStepHeldBackThenAppliedEqualsOneStep) {
+  expect_held_back_step_equals_one_step(lion_cfg());
 }
 
 // ---- parameter groups --------------------------------------------------------------------------
