@@ -72,8 +72,9 @@ void Trainer::State::stop(const guard::Decision& d) {
 // ---- the step ---------------------------------------------------------------------------------
 // One optimizer step, top to bottom: the micro-batches' forward and backward (screened: samples
 // far above the per-sample baseline are masked out of the loss), the fault hook, the measurements
-// (one host read when the guard is on), the guard's decision, then the update and its record — or
-// a skip or a rollback instead of the update.
+// (one host read when the guard is on; under update_gate device the update, gated on the device, is
+// queued behind it), the guard's decision, then the update's end and its record — or a skip or a
+// rollback instead of the update.
 void Trainer::State::train_step() {
   // The sqrt rule of the seed's §4.2 when dynamic accumulation changed the batch.
   const double lr =
@@ -95,7 +96,10 @@ void Trainer::State::train_step() {
     const QueuedUpdate update = queue_update(result, lr, log_step, torch::Tensor());
     range.emplace("keel/record");
     const std::vector<double> update_ratios = finish_update(result, lr, log_step, update, false);
-    if (log_step) record_step(result, lr, update_ratios), check_consumed();
+    if (log_step) {
+      record_step(result, lr, update_ratios);
+      check_consumed();
+    }
     return;
   }
   range.emplace("keel/guard");
