@@ -25,16 +25,34 @@ std::atomic<int> g_stop_signal{0};
 
 namespace {
 
-// A signal reaches the ranks at different steps; they stop together, at the first step any of them
-// saw it, or the ones still training would wait on a collective the stopped ones never join.
-int agreed_stop_signal(distributed::Communicator& comm, const torch::Device& device) {
-  const int sig = g_stop_signal.load();
-  if (!comm.is_process_group()) return sig;
-  std::vector<torch::Tensor> t{
-      torch::tensor({static_cast<int64_t>(sig)}, torch::kInt64).to(device)};
-  comm.all_reduce_max_(t);
-  return static_cast<int>(t[0].item<int64_t>());
-}
+// A signal reaches the ranks at different steps; they stop together, or the ones still training
+// would wait on a collective the stopped ones never join. With several ranks every step queues an
+// all-reduce (max) of this rank's signal, and its copy for the host, and acts on the previous
+// step's: the host never waits for a collective (that one ended a step ago), and every rank reads
+// the same value at the same step, the one after the first rank saw the signal.
+class StopAgreement {
+ public:
+  // Called once per step by every rank; the signal to stop on now (0: none).
+  int after_step(distributed::Communicator& comm, const torch::Device& device) {
+    const int sig = g_stop_signal.load();
+    if (!comm.is_process_group()) return sig;
+    int agreed = 0;
+    if (previous_) {
+      previous_->wait();
+      agreed = static_cast<int>(previous_->host(0).item<int64_t>());
+    }
+    std::vector<torch::Tensor> t{
+        torch::tensor({static_cast<int64_t>(sig)}, torch::kInt64).to(device)};
+    comm.all_reduce_max_(t);
+    previous_.emplace();
+    previous_->add(t[0]);
+    previous_->queued();
+    return agreed;
+  }
+
+ private:
+  std::optional<StepRead> previous_;
+};
 
 }  // namespace
 
@@ -471,6 +489,7 @@ void Trainer::loop() {
   beat();
   s.start_iteration = s.counters.iteration;
   s.start_profiler();
+  StopAgreement stop_agreement;
   while (s.counters.step < cfg.run.max_steps) {
     if (s.profiler) s.profiler->before(s.counters.step + 1);
     {
@@ -486,7 +505,7 @@ void Trainer::loop() {
     if (last || due) s.evaluate();
     s.maybe_checkpoint();
     if (s.profiler) s.finish_profile(last);
-    if (int sig = agreed_stop_signal(s.comm, s.device); sig != 0 && !last) {
+    if (int sig = stop_agreement.after_step(s.comm, s.device); sig != 0 && !last) {
       s.progress->finish();
       log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, step);
       if (s.last_checkpoint_step != step) s.save_checkpoint(/*stable=*/false);
