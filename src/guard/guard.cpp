@@ -388,10 +388,8 @@ Decision Guard::observe(const StepSignals& s) {
   a.norm_ratio = baseline_ready() && a.norm_median > 0 ? s.grad_norm / a.norm_median : 0.0;
   a.loss_ratio = baseline && a.loss_median > 0 ? s.loss / a.loss_median : 0.0;
   a.loss_recent = losses_.median_of_last(kLossRecentSteps);
-  // A jump warns in warmup too; pause_levels() says when it pauses.
-  const bool loss_jump = baseline && a.loss_recent > 0 && s.loss > kLossJumpRatio * a.loss_recent &&
-                         s.loss > a.loss_recent + kLossJumpZ * losses_.difference_sigma();
   const PauseLevels levels = pause_levels(s.step);
+  const bool loss_jump = s.loss > levels.loss_jump;  // warns in warmup too
   const bool norm_pause = levels.norm_pause(s.grad_norm);
   const bool loss_pause = levels.loss_pause(s.loss);
   // Every pause is preceded by a warn that carries the diagnosis, also when only the loss
@@ -438,9 +436,10 @@ PauseLevels Guard::pause_levels(int64_t step) const {
   // update takes it back; an unprotected run recovers in one step and ends better than one
   // rolled back.
   const double recent = losses_.median_of_last(kLossRecentSteps);
-  if (settled && recent > 0)
-    levels.loss = std::min(levels.loss, std::max(kLossJumpRatio * recent,
-                                                 recent + kLossJumpZ * losses_.difference_sigma()));
+  if (recent > 0)
+    levels.loss_jump =
+        std::max(kLossJumpRatio * recent, recent + kLossJumpZ * losses_.difference_sigma());
+  if (settled) levels.loss = std::min(levels.loss, levels.loss_jump);
   return levels;
 }
 

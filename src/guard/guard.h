@@ -142,6 +142,9 @@ struct PauseLevels {
   // The lower of loss_alarm_factor x its median and the loss jump's level (the larger of
   // kLossJumpRatio x its recent level and that level plus kLossJumpZ x its step-to-step noise).
   double loss = std::numeric_limits<double>::infinity();
+  // The loss jump's level alone, once the loss has a baseline: above it a step warns, in warmup
+  // too; after warmup it pauses (it is part of `loss`).
+  double loss_jump = std::numeric_limits<double>::infinity();
   bool norm_pause(double grad_norm_value) const { return grad_norm_value > grad_norm; }
   bool loss_pause(double loss_value) const { return loss_value > loss; }
 };
