@@ -3,7 +3,9 @@
 #   1. path check: 20 steps of the embedded tiny config on cuda with optim.fused=on (the fused
 #      AdamW kernel) and SDPA attention, in bf16 and in fp16 (dynamic loss scaling); every loss and
 #      gradient norm must be finite, no step skipped or rolled back (an fp16 overflow the scaler
-#      absorbs is allowed; fp16 records must carry a loss scale), and the loss must fall;
+#      absorbs is allowed; fp16 records must carry a loss scale), and the loss must fall; the bf16
+#      run (run.cuda_graphs: auto) must have captured a CUDA graph and give the same losses as the
+#      same run with graphs off, within bf16 tolerance;
 #   2. NCCL: the same 20 steps as one rank of a c10d NCCL process group (torchrun's variables for
 #      one rank and distributed.backend=nccl) with ZeRO-1, its gradient buckets reduce-scattered
 #      from the backward pass's hooks and the weights all-gathered after each step; finite and
@@ -177,6 +179,40 @@ EOF
   fi
   [ -z "$out" ] || cp "$tmp/$name.log" "$out/$name.log"
 done
+
+# ---- 1b. CUDA graphs: part 1's bf16 run (run.cuda_graphs: auto) against the same run eager -----
+log "cuda graphs: part 1's bf16 run again with run.cuda_graphs=off"
+if (cd "$tmp" && timeout 300 "$keel" train --run-dir "$tmp/eager" --set run.device=cuda \
+      --set run.precision=bf16 --set optim.fused=on --set run.max_steps=20 \
+      --set run.cuda_graphs=off --set schedule.warmup_steps=2 --set logging.every_steps=1 \
+      --set logging.progress=off --set eval.every_steps=0 --set checkpoint.every_steps=0) \
+      >"$tmp/eager.log" 2>&1 &&
+   "$python" - "$tmp/path_check.log" "$tmp/run" "$tmp/eager" <<'EOF' >&2; then
+import json, math, os, sys
+read = lambda d: [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
+graphed, eager = read(sys.argv[2]), read(sys.argv[3])
+problems = []
+if "CUDA graph captured" not in open(sys.argv[1]).read():
+    problems.append("part 1's bf16 run captured no CUDA graph (its log says why)")
+finite = lambda xs: all(x is not None and math.isfinite(x) for x in xs)
+if len(graphed) != len(eager) or not finite(graphed + eager):
+    problems.append("the records differ in length or hold a non-finite loss")
+else:
+    diff = max(abs(a - b) / abs(b) for a, b in zip(graphed, eager))
+    print(f"[gpu_check] cuda graphs: largest relative loss difference, graphs on vs off: {diff:.2e}")
+    if diff > 2e-2:  # bf16 rounding over 20 steps, not another computation
+        problems.append(f"graphs on and off differ by {diff:.2e} (more than bf16's 2e-2)")
+for p in problems:
+    print(f"[gpu_check] cuda graphs: {p}")
+sys.exit(1 if problems else 0)
+EOF
+  log "cuda graphs: ok (captured; the same losses as eager within bf16 tolerance)"
+else
+  tail -n 20 "$tmp/eager.log" >&2
+  log "cuda graphs: FAILED"
+  status=1
+fi
+[ -z "$out" ] || cp "$tmp/eager.log" "$out/path_check_eager.log"
 
 # ---- 2. NCCL: one rank, its process group made and its collectives run -----------------------
 # torchrun's variables for one rank, and distributed.backend named: keel makes the NCCL group

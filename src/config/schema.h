@@ -51,6 +51,10 @@ KEEL_CHOICE(NanPolicy, "skip", "pause", "abort");
 // levels (device), or after the host has read the step and decided (host; docs/DESIGN.md).
 enum class UpdateGate { kDevice, kHost };
 KEEL_CHOICE(UpdateGate, "device", "host");
+// run.cuda_graphs: each micro-batch's forward and backward replayed from a CUDA graph (train/
+// micro_graph.h); auto where every feature of the run can be captured.
+enum class CudaGraphs { kAuto, kOn, kOff };
+KEEL_CHOICE(CudaGraphs, "auto", "on", "off");
 enum class ResumeRecovery { kStable, kAlways, kNever };
 KEEL_CHOICE(ResumeRecovery, "stable", "always", "never");
 enum class Backend { kAuto, kNccl, kGloo };
@@ -97,6 +101,7 @@ struct RunConfig {
   double fp16_initial_scale = 65536.0;
   int64_t fp16_growth_interval = 2000;
   bool deterministic = false;
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;
   int64_t threads = 0;  // intra-op threads; 0 = LibTorch's default
   HostAllocator host_allocator = HostAllocator::kCaching;  // LibTorch's CPU tensor memory
   CpuMatmul cpu_matmul = CpuMatmul::kOneDnn;               // the GEMMs of fp32 CPU linear layers
@@ -355,6 +360,7 @@ void visit(V& v, RunConfig& c) {
   v.field("fp16_initial_scale", c.fp16_initial_scale);
   v.field("fp16_growth_interval", c.fp16_growth_interval);
   v.field("deterministic", c.deterministic);
+  v.field("cuda_graphs", c.cuda_graphs);
   v.field("threads", c.threads);
   v.field("host_allocator", c.host_allocator);
   v.field("cpu_matmul", c.cpu_matmul);

@@ -55,7 +55,12 @@ std::vector<ParamGroup> make_param_groups(
 void Optimizer::zero_grad() {
   // Setting grads to None frees them and lets the next backward write instead of accumulate.
   for (auto& g : groups_) {
-    for (auto& p : g.params) p.mutable_grad().reset();
+    for (auto& p : g.params) {
+      if (!keep_gradients_)
+        p.mutable_grad().reset();
+      else if (p.grad().defined())
+        p.mutable_grad().zero_();
+    }
   }
 }
 

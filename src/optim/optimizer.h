@@ -38,6 +38,9 @@ class Optimizer {
   // host synchronisation: weights and state stay bit-identical.
   virtual void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) = 0;
   virtual void zero_grad();
+  // Keeps the gradient tensors between steps, zeroed in place, instead of freeing them: a captured
+  // backward pass (train/micro_graph.h) accumulates into the very tensors it was captured with.
+  void keep_gradients(bool keep) { keep_gradients_ = keep; }
 
   // Fixed keys: "group{g}.param{i}.{exp_avg,exp_avg_sq,step}" etc. Loading checks every shape.
   virtual std::map<std::string, torch::Tensor> state_dict() const = 0;
@@ -48,6 +51,7 @@ class Optimizer {
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   std::vector<ParamGroup> groups_;
+  bool keep_gradients_ = false;
 };
 
 // adamw (fused `_fused_adamw_` when cfg.fused is auto/on and the device supports it, else a

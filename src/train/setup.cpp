@@ -269,6 +269,14 @@ void Trainer::State::build_model() {
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
   layers = std::make_unique<LayerGroups>(named_params, device);
+  const std::string obstacle = graph_obstacle(cfg, device, comm.world_size());
+  if (cfg.run.cuda_graphs == config::CudaGraphs::kOn && !obstacle.empty())
+    throw ConfigError("run.cuda_graphs: on, but " + obstacle +
+                      "; set it to auto (graphs where they can run) or off");
+  if (cfg.run.cuda_graphs != config::CudaGraphs::kOff && obstacle.empty()) {
+    micro_graph = std::make_unique<MicroGraph>(device);
+    optimizer->keep_gradients(true);
+  }
 }
 
 // The first writes of a start: the run directory (an earlier run in it set aside on a fresh
@@ -309,6 +317,15 @@ void Trainer::State::open_record() {
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
             optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
             cfg.schedule.warmup_steps, samples_per_step, tokens_per_step);
+  if (micro_graph)
+    log::info("train",
+              "CUDA graphs: each micro-batch's forward and backward, captured after a few "
+              "eager ones (run.cuda_graphs)");
+  else if (device.is_cuda())
+    log::info("train", "CUDA graphs off: {}",
+              cfg.run.cuda_graphs == config::CudaGraphs::kOff
+                  ? std::string("run.cuda_graphs: off")
+                  : graph_obstacle(cfg, device, comm.world_size()));
   if (loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
               *loss_floor);

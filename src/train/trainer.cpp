@@ -99,7 +99,8 @@ void Trainer::State::train_step() {
       effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get()) *
       accumulation.lr_factor();
   const bool log_step = is_log_step();
-  model->set_record_activation_stats(log_step);
+  // A captured forward pass records them at every step: it was captured once, for all steps.
+  model->set_record_activation_stats(log_step || micro_graph != nullptr);
   const std::optional<double> threshold =
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
   const std::optional<double> low = guard ? guard->low_threshold(counters.step) : std::nullopt;
@@ -201,96 +202,6 @@ bool Trainer::State::arm_reducer(int64_t micro) {
   if (start_in_backward || reducer->sharded())
     reducer->arm(start_in_backward, /*accumulate=*/micro > 0);
   return true;
-}
-
-// Runs the step's micro-batches (accumulation.steps()) forward and backward; their gradients sum in
-// .grad. With a screen threshold, samples whose loss is above it (not NaN ones: those are the
-// guard's) weigh 0, the rest 1/B each. Returns (2) on the device: the kept samples' summed
-// cross-entropy and their count.
-torch::Tensor Trainer::State::forward_backward(bool keep_samples,
-                                               std::optional<double> screen_threshold,
-                                               std::optional<double> low_threshold) {
-  const int64_t accum = accumulation.steps();
-  const bool mask_low = cfg.stability.screen.low == config::LowScreen::kQuarantine;
-  const double growth = faults->gradient_growth(counters.iteration);
-  model->train();
-  step_samples.clear();
-  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  torch::Tensor loss_sum = torch::zeros({}, fp32), kept = torch::zeros({}, fp32);
-  std::vector<int64_t> sample_ids;                // logging.sample_ids: this step's data, in order
-  const int64_t position = counters.micro_taken;  // of its first micro-batch in the data order
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    std::optional<monitor::StageRange> range(std::in_place, "keel/data");
-    data::Batch batch = next_batch();
-    if (cfg.logging.sample_ids) {
-      const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
-      sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
-                        ids.data_ptr<int64_t>() + ids.numel());
-    }
-    const std::vector<int64_t> fingerprints =
-        keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
-    auto tokens = batch.tokens.to(device, /*non_blocking=*/true);  // (B, T+1)
-    model::LossOutput out;
-    range.emplace("keel/forward");
-    {
-      optim::AutocastScope autocast(device.type(), precision);
-      out = model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1));
-    }
-    // Each micro-batch contributes 1/accum of the step's mean loss, so the summed gradient equals
-    // the gradient of one batch accum times larger.
-    torch::Tensor objective = out.loss, keep;
-    const auto samples = static_cast<double>(out.per_sample_loss.numel());
-    loss_sum += out.ce_loss * samples;
-    kept += samples;
-    if (screen_threshold) {
-      keep = out.per_sample_loss.le(*screen_threshold)
-                 .logical_or(out.per_sample_loss.isnan())
-                 .to(torch::kFloat32);  // (B)
-      if (mask_low)
-        keep = keep * low_side_keep(out.per_sample_loss, batch, fingerprints, low_threshold);
-      // The masked samples' share taken back out: x - 0 is x, so a step that masks nothing
-      // computes exactly what an unscreened step does, bit for bit.
-      const auto masked = 1.0 - keep;
-      objective = objective - (out.per_sample_objective * masked).mean();
-      loss_sum -= (out.per_sample_loss * masked).sum();
-      kept -= masked.sum();
-    }
-    torch::Tensor scaled = objective / static_cast<double>(accum);
-    if (scaler) scaled = scaled * scaler->scale();
-    if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
-    const bool reduce_now = arm_reducer(micro);
-    range.emplace("keel/backward");
-    scaled.backward();
-    // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
-    if (reduce_now && (sharded || micro < accum - 1)) finish_reduction();
-    range.reset();
-    if (keep_samples) {
-      step_samples.ids.push_back(batch.sample_ids);
-      step_samples.losses.push_back(out.per_sample_loss);
-      step_samples.tokens.push_back(batch.tokens);
-      if (keep.defined()) step_samples.keep.push_back(keep);
-      if (batch.doc_lengths.defined()) step_samples.doc_lengths.push_back(batch.doc_lengths);
-      if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
-      step_samples.fingerprints.insert(step_samples.fingerprints.end(), fingerprints.begin(),
-                                       fingerprints.end());
-    }
-  }
-  if (cfg.logging.sample_ids) write_sample_ids(std::move(sample_ids), position);
-  return torch::stack({loss_sum, kept});
-}
-
-void Trainer::State::write_sample_ids(std::vector<int64_t> sample_ids, int64_t position) {
-  if (comm.world_size() > 1) {  // every rank's part of the step, in rank order
-    const auto all = comm.all_gather(torch::tensor(sample_ids, torch::kInt64).to(device))
-                         .to(torch::kCPU)
-                         .contiguous();
-    sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
-  }
-  files.samples.write(monitor::JsonRecord()
-                          .add("step", counters.step + 1)
-                          .add("iteration", counters.iteration)
-                          .add("position", position)
-                          .add("ids", nlohmann::json(sample_ids)));
 }
 
 void Trainer::State::finish_reduction() {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,7 @@
 #include "train/faults.h"
 #include "train/layer_groups.h"
 #include "train/memory_watch.h"
+#include "train/micro_graph.h"
 #include "train/process_settings.h"
 #include "train/quarantine.h"
 #include "train/recovery.h"
@@ -75,6 +77,12 @@ struct Trainer::State {
   // masks samples below it and those that repeat content seen under another id.
   torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold,
                                  std::optional<double> low_threshold);
+  // The low side of the screen for one micro-batch: its kept mask from its per-sample losses.
+  using LowKeep = std::function<torch::Tensor(const torch::Tensor& per_sample_loss)>;
+  // One micro-batch forward, screened, and backward (forward_backward.cpp; a CUDA graph's body).
+  MicroOutput micro_step(const torch::Tensor& tokens, const torch::Tensor& threshold,
+                         const torch::Tensor& divisor, const LowKeep& low_keep, double growth,
+                         int64_t micro, bool& reduce_now);
   // logging.sample_ids: the step's sample ids (every rank's, in rank order) into samples.jsonl.
   void write_sample_ids(std::vector<int64_t> sample_ids, int64_t position);
   bool arm_reducer(int64_t micro);
@@ -181,6 +189,8 @@ struct Trainer::State {
   distributed::ZeroOptimizer* zero_optimizer =
       nullptr;  // the optimizer, when distributed.zero is 1, 2 or 3
   std::optional<optim::DynamicLossScaler> scaler;
+  // run.cuda_graphs: the micro-batches replayed from a CUDA graph (null: eager).
+  std::unique_ptr<MicroGraph> micro_graph;
 
   // Data.
   std::unique_ptr<data::BatchSource> train_data;

@@ -151,9 +151,15 @@ TEST(RefusedStart, ARefusedStartInAnEmptyOrMissingDirectoryCreatesNothing) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_TRUE(fs::is_empty(d.path() / "empty"));
   }
+  // CUDA graphs demanded where none can run: refused, naming the key and why.
+  auto r = run_keel(quick_train(missing, " --set run.device=cpu --set run.cuda_graphs=on"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run.cuda_graphs: on, but the run is on cpu"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(missing));
   // A relative path that is not there names the working directory it was looked for in.
-  auto r = run_shell("cd " + d.str() + " && " + KEEL_BINARY + " " +
-                     quick_train("run", " --resume nowhere/step_00000004"));
+  r = run_shell("cd " + d.str() + " && " + KEEL_BINARY + " " +
+                quick_train("run", " --resume nowhere/step_00000004"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("relative to " + d.str()), std::string::npos) << r.output;
 }

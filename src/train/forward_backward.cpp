@@ -1,0 +1,133 @@
+// The step's micro-batches forward and backward, screened, eagerly or replayed from a CUDA graph
+// (train/micro_graph.h); their gradients sum in .grad.
+#include <limits>
+
+#include "train/trainer_state.h"
+
+namespace keel::train {
+
+// Runs the step's micro-batches (accumulation.steps()) forward and backward; their gradients sum in
+// .grad. With a screen threshold, samples whose loss is above it (not NaN ones: those are the
+// guard's) weigh 0, the rest 1/B each. Returns (2) on the device: the kept samples' summed
+// cross-entropy and their count.
+torch::Tensor Trainer::State::forward_backward(bool keep_samples,
+                                               std::optional<double> screen_threshold,
+                                               std::optional<double> low_threshold) {
+  const int64_t accum = accumulation.steps();
+  const bool mask_low = cfg.stability.screen.low == config::LowScreen::kQuarantine;
+  const double growth = faults->gradient_growth(counters.iteration);
+  model->train();
+  step_samples.clear();
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  torch::Tensor loss_sum = torch::zeros({}, fp32), kept = torch::zeros({}, fp32);
+  std::vector<int64_t> sample_ids;                // logging.sample_ids: this step's data, in order
+  const int64_t position = counters.micro_taken;  // of its first micro-batch in the data order
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    std::optional<monitor::StageRange> range(std::in_place, "keel/data");
+    data::Batch batch = next_batch();
+    if (cfg.logging.sample_ids) {
+      const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
+      sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
+                        ids.data_ptr<int64_t>() + ids.numel());
+    }
+    const std::vector<int64_t> fingerprints =
+        keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
+    range.reset();
+    bool reduce_now = false;
+    std::optional<MicroOutput> out;
+    // A grad_growth fault scales this step's objective: a value the graph does not hold.
+    if (micro_graph && growth == 1.0) {
+      monitor::StageRange graph_range("keel/graph");
+      out = micro_graph->run(
+          batch.tokens, screen_threshold.value_or(std::numeric_limits<double>::infinity()),
+          static_cast<double>(accum),
+          [this, micro, &reduce_now](const auto& tokens, const auto& level, const auto& divisor) {
+            return micro_step(tokens, level, divisor, {}, 1.0, micro, reduce_now);
+          });
+    }
+    if (!out) {
+      LowKeep low_keep;
+      if (screen_threshold && mask_low)
+        low_keep = [&](const torch::Tensor& losses) {
+          return low_side_keep(losses, batch, fingerprints, low_threshold);
+        };
+      out = micro_step(
+          batch.tokens.to(device, /*non_blocking=*/true),
+          screen_threshold ? torch::full({}, *screen_threshold, fp32) : torch::Tensor(),
+          torch::full({}, static_cast<double>(accum), fp32), low_keep, growth, micro, reduce_now);
+    }
+    loss_sum += out->loss_sum;
+    kept += out->kept;
+    // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
+    if (reduce_now && (sharded || micro < accum - 1)) finish_reduction();
+    if (keep_samples) {
+      step_samples.ids.push_back(batch.sample_ids);
+      step_samples.losses.push_back(out->per_sample_loss);
+      step_samples.tokens.push_back(batch.tokens);
+      if (screen_threshold) step_samples.keep.push_back(out->keep);
+      if (batch.doc_lengths.defined()) step_samples.doc_lengths.push_back(batch.doc_lengths);
+      if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
+      step_samples.fingerprints.insert(step_samples.fingerprints.end(), fingerprints.begin(),
+                                       fingerprints.end());
+    }
+  }
+  if (cfg.logging.sample_ids) write_sample_ids(std::move(sample_ids), position);
+  return torch::stack({loss_sum, kept});
+}
+
+// One micro-batch: tokens (B, T+1) on the device; `threshold` (() fp32 on the device, undefined:
+// no screen) masks the samples above it, and `low_keep` (when set) multiplies the kept mask.
+// `reduce_now`: whether this backward pass reduced the gradients (arm_reducer).
+MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch::Tensor& threshold,
+                                       const torch::Tensor& divisor, const LowKeep& low_keep,
+                                       double growth, int64_t micro, bool& reduce_now) {
+  model::LossOutput out;
+  {
+    monitor::StageRange range("keel/forward");
+    optim::AutocastScope autocast(device.type(), precision);
+    out = model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1));
+  }
+  MicroOutput m;
+  m.per_sample_loss = out.per_sample_loss;
+  const auto samples = static_cast<double>(out.per_sample_loss.numel());
+  m.loss_sum = out.ce_loss * samples;
+  m.kept = torch::full({}, samples, out.ce_loss.options());
+  // Each micro-batch contributes 1/accum of the step's mean loss, so the summed gradient equals
+  // the gradient of one batch accum times larger.
+  torch::Tensor objective = out.loss;
+  if (threshold.defined()) {
+    m.keep = out.per_sample_loss.le(threshold)
+                 .logical_or(out.per_sample_loss.isnan())
+                 .to(torch::kFloat32);  // (B)
+    if (low_keep) m.keep = m.keep * low_keep(out.per_sample_loss);
+    // The masked samples' share taken back out: x - 0 is x, so a step that masks nothing
+    // computes exactly what an unscreened step does, bit for bit.
+    const auto masked = 1.0 - m.keep;
+    objective = objective - (out.per_sample_objective * masked).mean();
+    m.loss_sum = m.loss_sum - (out.per_sample_loss * masked).sum();
+    m.kept = m.kept - masked.sum();
+  }
+  torch::Tensor scaled = objective / divisor;
+  if (scaler) scaled = scaled * scaler->scale();
+  if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
+  reduce_now = arm_reducer(micro);
+  monitor::StageRange range("keel/backward");
+  scaled.backward();
+  return m;
+}
+
+void Trainer::State::write_sample_ids(std::vector<int64_t> sample_ids, int64_t position) {
+  if (comm.world_size() > 1) {  // every rank's part of the step, in rank order
+    const auto all = comm.all_gather(torch::tensor(sample_ids, torch::kInt64).to(device))
+                         .to(torch::kCPU)
+                         .contiguous();
+    sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+  }
+  files.samples.write(monitor::JsonRecord()
+                          .add("step", counters.step + 1)
+                          .add("iteration", counters.iteration)
+                          .add("position", position)
+                          .add("ids", nlohmann::json(sample_ids)));
+}
+
+}  // namespace keel::train
