@@ -2,6 +2,7 @@
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,11 +14,11 @@
 namespace keel::train {
 
 std::string graph_obstacle(const config::Config& cfg, const torch::Device& device,
-                           int64_t world_size) {
+                           bool process_group) {
   if (!device.is_cuda()) return "the run is on " + device.str() + ", not on a CUDA device";
-  if (world_size > 1)
-    return "several ranks: their gradients are reduced during the backward pass (a graph is "
-           "captured for one rank)";
+  if (process_group)
+    return "a process group: its gradient reducer runs on the host during the backward pass (a "
+           "graph is captured for one process without one)";
   if (cfg.distributed.zero > 0)
     return "distributed.zero: " + std::to_string(cfg.distributed.zero) +
            " (the sharded optimizer sets the gradients it owns itself)";
@@ -47,6 +48,7 @@ std::string first_line(const std::string& message) { return message.substr(0, me
 
 struct MicroGraph::Impl {
   torch::Device device;
+  std::vector<torch::Tensor> params;
   int warmup_left;
   c10::cuda::CUDAStream side;                // the warm-up's and the capture's stream
   torch::Tensor tokens, threshold, divisor;  // the static inputs
@@ -55,8 +57,11 @@ struct MicroGraph::Impl {
   bool off = false;
   bool shape_reported = false;
 
-  Impl(const torch::Device& d, int warmup)
-      : device(d), warmup_left(warmup), side(c10::cuda::getStreamFromPool(false, d.index())) {}
+  Impl(const torch::Device& d, std::vector<torch::Tensor> p, int warmup)
+      : device(d),
+        params(std::move(p)),
+        warmup_left(warmup),
+        side(c10::cuda::getStreamFromPool(false, d.index())) {}
 
   MicroOutput run_on_side(const Body& body) {
     const auto current = c10::cuda::getCurrentCUDAStream(device.index());
@@ -74,41 +79,52 @@ struct MicroGraph::Impl {
   }
 
   // Captures `body`: nothing runs on the device until the graph is replayed. False, with the reason
-  // logged and the graph off, when the capture fails.
+  // logged and the graph off, when the body refuses to be captured (a C++ error, the capture ended
+  // cleanly). A capture CUDA invalidated cannot be ended cleanly: the generator and the allocator
+  // would stay in capture mode, and no eager step would be sound after it, so that stops the run.
   bool capture(const Body& body) {
     c10::cuda::device_synchronize();
+    // The warm-up's cached blocks belong to the side stream; the current stream cannot reuse them.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    // A gradient the capture finds undefined would be set, not accumulated, at every replay.
+    for (auto& p : params)
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     const auto current = c10::cuda::getCurrentCUDAStream(device.index());
     wait_for(current, side);
     graph = std::make_unique<at::cuda::CUDAGraph>();
-    try {
+    std::string refused;
+    {
       c10::cuda::CUDAStreamGuard on_side(side);
       graph->capture_begin();
       try {
         outputs = body(tokens, threshold, divisor);
-      } catch (...) {
-        try {
-          graph->capture_end();
-        } catch (...) {  // the capture is already invalid; the body's error says why
-        }
-        throw;
+      } catch (const std::exception& e) {
+        refused = first_line(e.what());
       }
-      graph->capture_end();
-    } catch (const std::exception& e) {
+      try {
+        graph->capture_end();
+      } catch (const std::exception& e) {
+        throw std::runtime_error("the CUDA graph capture failed (" + first_line(e.what()) + ")" +
+                                 (refused.empty() ? "" : " after: " + refused) +
+                                 "; set run.cuda_graphs: off to train without graphs");
+      }
+    }
+    wait_for(side, current);
+    if (!refused.empty()) {
       graph.reset();
       outputs = MicroOutput();
       off = true;
-      log::warn("train", "CUDA graph capture failed, eager from here: {}", first_line(e.what()));
+      log::warn("train", "CUDA graph capture refused, eager from here: {}", refused);
       return false;
     }
-    wait_for(side, current);
     log::info("train", "CUDA graph captured: one micro-batch's forward and backward ({} tokens)",
               tokens.numel());
     return true;
   }
 };
 
-MicroGraph::MicroGraph(const torch::Device& device, int warmup)
-    : impl_(std::make_unique<Impl>(device, warmup)) {}
+MicroGraph::MicroGraph(const torch::Device& device, std::vector<torch::Tensor> params, int warmup)
+    : impl_(std::make_unique<Impl>(device, std::move(params), warmup)) {}
 
 MicroGraph::~MicroGraph() = default;
 

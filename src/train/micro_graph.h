@@ -28,9 +28,10 @@ struct MicroOutput {
 
 // Why this run's micro-batches cannot be captured, naming the key or condition; empty when they
 // can. The reasons are what a captured step could not do: read a value on the host, reduce
-// gradients with other ranks during the backward pass, or replay the generator state.
+// gradients through a process group's hooks during the backward pass (`process_group`: the run
+// has one, of any size), or replay the generator state.
 std::string graph_obstacle(const config::Config& cfg, const torch::Device& device,
-                           int64_t world_size);
+                           bool process_group);
 
 class MicroGraph {
  public:
@@ -40,17 +41,19 @@ class MicroGraph {
   using Body = std::function<MicroOutput(
       const torch::Tensor& tokens, const torch::Tensor& threshold, const torch::Tensor& divisor)>;
 
-  // `warmup`: micro-batches run eagerly, on the capture's stream, before the capture (lazy
-  // initialisation must not happen inside it).
-  explicit MicroGraph(const torch::Device& device, int warmup = 3);
+  // `params`: the parameters whose gradients the body accumulates. `warmup`: micro-batches run
+  // eagerly, on the capture's stream, before the capture (lazy initialisation must not happen
+  // inside it).
+  MicroGraph(const torch::Device& device, std::vector<torch::Tensor> params, int warmup = 3);
   ~MicroGraph();
   MicroGraph(const MicroGraph&) = delete;
   MicroGraph& operator=(const MicroGraph&) = delete;
 
   // Runs `body` on `tokens` (on the host): eagerly for the warm-up micro-batches, then captured
   // once and replayed. Returns nullopt, having run nothing, when this micro-batch cannot be
-  // replayed (a shape other than the captured one, or a capture that failed: the graph is then
-  // off for the rest of the run); the caller runs it eagerly.
+  // replayed (a shape other than the captured one, or a body that refused capture: the graph is
+  // then off for the rest of the run); the caller runs it eagerly. A capture that CUDA
+  // invalidated throws (std::runtime_error): nothing eager is sound after it.
   std::optional<MicroOutput> run(const torch::Tensor& tokens, double threshold, double divisor,
                                  const Body& body);
   bool captured() const;

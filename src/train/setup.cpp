@@ -269,12 +269,12 @@ void Trainer::State::build_model() {
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
   layers = std::make_unique<LayerGroups>(named_params, device);
-  const std::string obstacle = graph_obstacle(cfg, device, comm.world_size());
+  const std::string obstacle = graph_obstacle(cfg, device, comm.is_process_group());
   if (cfg.run.cuda_graphs == config::CudaGraphs::kOn && !obstacle.empty())
     throw ConfigError("run.cuda_graphs: on, but " + obstacle +
                       "; set it to auto (graphs where they can run) or off");
   if (cfg.run.cuda_graphs != config::CudaGraphs::kOff && obstacle.empty()) {
-    micro_graph = std::make_unique<MicroGraph>(device);
+    micro_graph = std::make_unique<MicroGraph>(device, params);
     optimizer->keep_gradients(true);
   }
 }
@@ -325,7 +325,7 @@ void Trainer::State::open_record() {
     log::info("train", "CUDA graphs off: {}",
               cfg.run.cuda_graphs == config::CudaGraphs::kOff
                   ? std::string("run.cuda_graphs: off")
-                  : graph_obstacle(cfg, device, comm.world_size()));
+                  : graph_obstacle(cfg, device, comm.is_process_group()));
   if (loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
               *loss_floor);
