@@ -12,6 +12,7 @@
 #include "cli/rehearse.h"
 #include "cli/resume_plan.h"
 #include "model/memory_plan.h"
+#include "train/micro_graph.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -23,6 +24,10 @@ model::MemoryPlanOptions plan_options(const config::Config& cfg, int64_t world) 
   model::MemoryPlanOptions options;
   options.world_size = world;
   options.cuda = cfg.run.device != config::Device::kCpu;
+  // As a single process on a GPU would run it (several ranks have a process group: no graph).
+  options.cuda_graphs =
+      cfg.run.cuda_graphs != config::CudaGraphs::kOff &&
+      train::graph_obstacle(cfg, torch::Device(torch::kCUDA, 0), world > 1).empty();
   return options;
 }
 

@@ -95,6 +95,7 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
   const double P = static_cast<double>(plan.parameters);
   const double W = static_cast<double>(std::max<int64_t>(options.world_size, 1));
   plan.world_size = options.world_size;
+  plan.graphs = options.cuda_graphs && options.cuda;
   plan.tokens = cfg.data.micro_batch_size * m.seq_len;
   const bool several = options.world_size > 1;
   const bool zero1 = cfg.distributed.zero >= 1 && several;
@@ -161,7 +162,7 @@ std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
   return fmt::format(
       "memory plan per rank ({} rank{}, zero {}, activation_checkpointing {}, chunked_loss {}): "
       "weights {}{}, gradients {}, optimizer {}, weight copies {}, activations {} ({} tokens per "
-      "micro-batch), loss {}{}, a logged step's weight snapshot {}; total {}\n",
+      "micro-batch), loss {}{}, a logged step's weight snapshot {}{}; total {}\n",
       p.world_size, p.world_size == 1 ? "" : "s", cfg.distributed.zero,
       config::name_of(cfg.model.activation_checkpointing), config::name_of(cfg.model.chunked_loss),
       bytes_text(p.weights),
@@ -169,7 +170,8 @@ std::string format_memory_plan(const MemoryPlan& p, const config::Config& cfg) {
       bytes_text(p.gradients), bytes_text(p.optimizer), bytes_text(p.copies),
       bytes_text(p.activations), p.tokens, bytes_text(p.logits),
       p.recompute > 0 ? ", a block recomputed " + bytes_text(p.recompute) : std::string(),
-      bytes_text(p.snapshot), bytes_text(p.total()));
+      bytes_text(p.snapshot), p.graphs ? " (CUDA graphs: on top of the pass's memory)" : "",
+      bytes_text(p.total()));
 }
 
 std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryPlanOptions& options,

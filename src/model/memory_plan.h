@@ -37,6 +37,9 @@ namespace keel::model {
 struct MemoryPlanOptions {
   int64_t world_size = 1;
   bool cuda = true;  // the kernels differ: the CPU's fused attention keeps its probabilities
+  // run.cuda_graphs captures the micro-batch (train/micro_graph.h): its activations stay reserved
+  // in the graph's pool through the update.
+  bool cuda_graphs = false;
 };
 
 struct MemoryPlan {
@@ -47,11 +50,16 @@ struct MemoryPlan {
   double gathered = 0;   // ZeRO-3
   double recompute = 0;  // full checkpointing: one block rebuilt late in the backward pass
   double snapshot = 0;   // a logged step's copy of the weights, during the optimizer step
+  bool graphs = false;   // MemoryPlanOptions::cuda_graphs on CUDA
   double model_states() const { return weights + gathered + gradients + optimizer + copies; }
   // The peak comes at the start of the backward pass (every activation, the loss's tensors) or,
-  // with full checkpointing, while a block is rebuilt, or during a logged step's update.
+  // with full checkpointing, while a block is rebuilt, or during a logged step's update; under a
+  // CUDA graph the pass's memory stays reserved, and the update's snapshot comes on top of it.
   double transient() const { return std::max(logits, recompute); }
-  double total() const { return model_states() + std::max(activations + transient(), snapshot); }
+  double total() const {
+    const double pass = activations + transient();
+    return model_states() + (graphs ? pass + snapshot : std::max(pass, snapshot));
+  }
 };
 
 MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& options);

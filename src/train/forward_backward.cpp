@@ -46,6 +46,10 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
           });
     }
     if (!out) {
+      // After the capture the attention statistics are the graph's tensors, which each replay
+      // rewrites: an eager pass must not put its own in their place.
+      const bool graph_stats = micro_graph && micro_graph->captured();
+      if (graph_stats) model->set_record_activation_stats(false);
       LowKeep low_keep;
       if (screen_threshold && mask_low)
         low_keep = [&](const torch::Tensor& losses) {
@@ -55,6 +59,7 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
           batch.tokens.to(device, /*non_blocking=*/true),
           screen_threshold ? torch::full({}, *screen_threshold, fp32) : torch::Tensor(),
           torch::full({}, static_cast<double>(accum), fp32), low_keep, growth, micro, reduce_now);
+      if (graph_stats) model->set_record_activation_stats(true);
     }
     loss_sum += out->loss_sum;
     kept += out->kept;

@@ -308,6 +308,7 @@ void Trainer::State::open_record() {
   model::MemoryPlanOptions plan;
   plan.world_size = world;
   plan.cuda = device.is_cuda();
+  plan.cuda_graphs = micro_graph != nullptr;
   memory_watch = std::make_unique<MemoryWatch>(model::plan_memory(cfg, plan), device);
 
   log::info("train", "run directory {}", run_dir);

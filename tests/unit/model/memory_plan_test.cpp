@@ -53,6 +53,28 @@ TEST(MemoryPlan, EachSettingSavesWhatItShould) {
   EXPECT_DOUBLE_EQ(plan_memory(c, four).optimizer, 2.0 * plain.parameters);
 }
 
+TEST(MemoryPlan, UnderACudaGraphTheUpdatesSnapshotComesOnTopOfThePass) {
+  const auto c = base();
+  MemoryPlanOptions graphs;
+  graphs.cuda_graphs = true;
+  const auto eager = plan_memory(c, MemoryPlanOptions());
+  const auto captured = plan_memory(c, graphs);
+  EXPECT_TRUE(captured.graphs);
+  EXPECT_DOUBLE_EQ(captured.total(), captured.model_states() + captured.activations +
+                                         captured.transient() + captured.snapshot);
+  EXPECT_DOUBLE_EQ(captured.total() - eager.total(),
+                   std::min(eager.activations + eager.transient(), eager.snapshot));
+  EXPECT_NE(format_memory_plan(captured, c).find("CUDA graphs"), std::string::npos);
+  graphs.cuda = false;  // nothing is captured on the CPU
+  EXPECT_DOUBLE_EQ(plan_memory(c, graphs).total(), plan_memory(c,
+                                                               [] {
+                                                                 MemoryPlanOptions o;
+                                                                 o.cuda = false;
+                                                                 return o;
+                                                               }())
+                                                       .total());
+}
+
 TEST(MemoryPlan, CheapestFitNamesTheFirstChangeThatFits) {
   auto c = base();
   c.model.chunked_loss = config::Switch::kOff;
