@@ -42,6 +42,30 @@ std::unique_ptr<data::BatchSource> make_source(const config::Config& cfg, int ra
   return data::make_shard_source(cfg, rank, world, validation);
 }
 
+// run.cuda_graphs decided and logged: the graph of each micro-batch (null: eager), with the
+// optimizer keeping its gradients for it. `on` where a graph cannot run is the user's mistake.
+std::unique_ptr<MicroGraph> make_micro_graph(const config::Config& cfg, const torch::Device& device,
+                                             bool process_group,
+                                             const std::vector<torch::Tensor>& params,
+                                             optim::Optimizer& optimizer) {
+  const std::string obstacle = graph_obstacle(cfg, device, process_group);
+  if (cfg.run.cuda_graphs == config::CudaGraphs::kOn && !obstacle.empty())
+    throw ConfigError("run.cuda_graphs: on, but " + obstacle +
+                      "; set it to auto (graphs where they can run) or off");
+  if (cfg.run.cuda_graphs != config::CudaGraphs::kOff && obstacle.empty()) {
+    optimizer.keep_gradients(true);
+    log::info("train",
+              "CUDA graphs: each micro-batch's forward and backward, captured after a few "
+              "eager ones (run.cuda_graphs)");
+    return std::make_unique<MicroGraph>(device, params);
+  }
+  if (device.is_cuda())
+    log::info("train", "CUDA graphs off: {}",
+              cfg.run.cuda_graphs == config::CudaGraphs::kOff ? std::string("run.cuda_graphs: off")
+                                                              : obstacle);
+  return nullptr;
+}
+
 }  // namespace
 
 config::Config Trainer::State::resolved_config(const config::Config& c) {
@@ -269,14 +293,7 @@ void Trainer::State::build_model() {
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
   layers = std::make_unique<LayerGroups>(named_params, device);
-  const std::string obstacle = graph_obstacle(cfg, device, comm.is_process_group());
-  if (cfg.run.cuda_graphs == config::CudaGraphs::kOn && !obstacle.empty())
-    throw ConfigError("run.cuda_graphs: on, but " + obstacle +
-                      "; set it to auto (graphs where they can run) or off");
-  if (cfg.run.cuda_graphs != config::CudaGraphs::kOff && obstacle.empty()) {
-    micro_graph = std::make_unique<MicroGraph>(device, params);
-    optimizer->keep_gradients(true);
-  }
+  micro_graph = make_micro_graph(cfg, device, comm.is_process_group(), params, *optimizer);
 }
 
 // The first writes of a start: the run directory (an earlier run in it set aside on a fresh
@@ -318,15 +335,6 @@ void Trainer::State::open_record() {
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
             optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
             cfg.schedule.warmup_steps, samples_per_step, tokens_per_step);
-  if (micro_graph)
-    log::info("train",
-              "CUDA graphs: each micro-batch's forward and backward, captured after a few "
-              "eager ones (run.cuda_graphs)");
-  else if (device.is_cuda())
-    log::info("train", "CUDA graphs off: {}",
-              cfg.run.cuda_graphs == config::CudaGraphs::kOff
-                  ? std::string("run.cuda_graphs: off")
-                  : graph_obstacle(cfg, device, comm.is_process_group()));
   if (loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
               *loss_floor);
