@@ -10,13 +10,17 @@ documents. keel runs `keel prepare --jobs 1` with every other filter off, so tha
 missing from its shards exactly when dedup removed it; its time covers the whole prepare (reading,
 dedup, tokenizing, writing), not the signatures alone.
 
-datatrove's English word tokenizer is spaCy's; a bench without spaCy splits on whitespace, as keel
-does (the `Words` class below).
+datatrove's English word tokenizer is spaCy's; the bench gives it a whitespace word tokenizer (the
+`Words` class below), as keel splits words. `--scheme datatrove` runs keel with
+`--minhash-scheme datatrove --no-exact-dedup` (FineWeb's dedup reproduced; no exact pass, as in
+datatrove's stages), which must remove the very documents datatrove removes. `--spacy` also runs
+datatrove with its own English word tokenizer (spaCy's, `pip install spacy==3.8.18`) and reports
+how far that moves its removed set.
 
   python3 -m venv bench/data/.venv && bench/data/.venv/bin/pip install datatrove==0.6.0 \
       regex==2026.12.2 xxhash==3.8.2 orjson==3.13.0 tokenizers==0.23.3
   bench/data/.venv/bin/python bench/data/datatrove_minhash.py --keel build/keel [--mb 60] \
-      [--threshold 0.8] [--simplified]
+      [--threshold 0.8 | --scheme datatrove] [--simplified] [--spacy]
 
 (xxhash 4 refuses the str that datatrove 0.6.0 hashes, hence 3.8.2.)
 """
@@ -32,8 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prepare_jobs import write_corpus  # noqa: E402
 
 
-def datatrove_removed(corpus_dir, work, ngrams, buckets, rows):
-    """Runs datatrove's stages 1-3; returns (stage 1 seconds, removed document indices)."""
+def datatrove_removed(corpus_dir, work, ngrams, buckets, rows, spacy=False):
+    """Runs datatrove's stages 1-3; returns (stage 1 seconds, removed document indices). With
+    `spacy`, its stage 1 splits words with its own English tokenizer (spaCy's)."""
     from datatrove.executor.local import LocalPipelineExecutor
     from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets,
                                                   MinhashDedupCluster, MinhashDedupSignature)
@@ -61,7 +66,8 @@ def datatrove_removed(corpus_dir, work, ngrams, buckets, rows):
         return time.perf_counter() - t0
 
     seconds = run([reader, MinhashDedupSignature(os.path.join(work, "sigs"), config=config,
-                                                 language=Words())], "sigs")
+                                                 language="en" if spacy else Words())],
+                  "sigs")
     run([MinhashDedupBuckets(os.path.join(work, "sigs"), os.path.join(work, "buckets"),
                              config=config)], "buckets", tasks=buckets)
     run([MinhashDedupCluster(os.path.join(work, "buckets"), os.path.join(work, "remove"),
@@ -75,12 +81,15 @@ def datatrove_removed(corpus_dir, work, ngrams, buckets, rows):
     return seconds, removed
 
 
-def keel_removed(keel, corpus, out, ngrams, buckets, rows, threshold):
-    """Runs keel prepare with only dedup on; returns (seconds, documents, removed ids, report)."""
+def keel_removed(keel, corpus, out, ngrams, buckets, rows, threshold, scheme):
+    """Runs keel prepare with only dedup on; returns (seconds, documents, removed ids, report).
+    Under --minhash-scheme datatrove exact dedup is off too: datatrove's MinHash stages are the
+    only dedup in the comparison, and exact duplicates are near duplicates to them."""
     import subprocess
-    subprocess.run([keel, "prepare", "--input", corpus, "--output", out, "--jobs", "1",
-                    "--dedup-threshold", str(threshold),
-                    "--shingle-size", str(ngrams), "--num-perm", str(buckets * rows),
+    dedup = (["--minhash-scheme", "datatrove", "--no-exact-dedup"] if scheme == "datatrove"
+             else ["--dedup-threshold", str(threshold)])
+    subprocess.run([keel, "prepare", "--input", corpus, "--output", out, "--jobs", "1"] + dedup +
+                   ["--shingle-size", str(ngrams), "--num-perm", str(buckets * rows),
                     "--bands", str(buckets), "--val-fraction", "0",
                     "--drop-percentile-tails", "0", "--max-repeated-share", "0",
                     "--max-top-char-share", "0", "--keep-whole", "0"],
@@ -117,6 +126,11 @@ def main():
     ap.add_argument("--threshold", type=float, default=0.8,
                     help="keel's --dedup-threshold (0.01: every LSH candidate is a duplicate, "
                          "datatrove's rule)")
+    ap.add_argument("--scheme", choices=["keel", "datatrove"], default="keel",
+                    help="keel's --minhash-scheme (datatrove: FineWeb's dedup reproduced; "
+                         "--threshold does not apply)")
+    ap.add_argument("--spacy", action="store_true",
+                    help="also run datatrove with its own English word tokenizer (spaCy's)")
     ap.add_argument("--simplified", action="store_true",
                     help="give both tools the texts after datatrove's simplify_text (lower case, "
                          "numbers to 0, punctuation to spaces, diacritics stripped)")
@@ -129,9 +143,12 @@ def main():
             simplify(corpus)
         print(f"corpus: {docs} documents, {size / 1e6:.1f} MB of text"
               f"{' (simplified)' if a.simplified else ''}; word {a.ngrams}-grams, "
-              f"{a.buckets} buckets x {a.rows} hashes; keel --dedup-threshold {a.threshold}")
+              f"{a.buckets} buckets x {a.rows} hashes; keel "
+              + ("--minhash-scheme datatrove --no-exact-dedup" if a.scheme == "datatrove"
+                 else f"--dedup-threshold {a.threshold}"))
         k_sec, n, k_removed, report = keel_removed(a.keel, corpus, os.path.join(tmp, "keel"),
-                                                   a.ngrams, a.buckets, a.rows, a.threshold)
+                                                   a.ngrams, a.buckets, a.rows, a.threshold,
+                                                   a.scheme)
         d_sec, d_removed = datatrove_removed(os.path.join(tmp, "in"), os.path.join(tmp, "dt"),
                                              a.ngrams, a.buckets, a.rows)
         both = k_removed & d_removed
@@ -143,6 +160,15 @@ def main():
         print(f"removed by both: {len(both)}; keel only: {len(k_removed - d_removed)}; "
               f"datatrove only: {len(d_removed - k_removed)}; difference "
               f"{len(k_removed ^ d_removed) / max(len(d_removed), 1):.2%} of datatrove's")
+        if a.spacy:
+            s_sec, s_removed = datatrove_removed(os.path.join(tmp, "in"),
+                                                 os.path.join(tmp, "dt_spacy"), a.ngrams,
+                                                 a.buckets, a.rows, spacy=True)
+            print(f"datatrove with spaCy's words: {s_sec:.2f} s, {n / s_sec:,.0f} documents/s; "
+                  f"removed {len(s_removed)}; differs from datatrove with whitespace words by "
+                  f"{len(s_removed ^ d_removed)} ({len(s_removed ^ d_removed) / max(len(s_removed), 1):.2%}"
+                  f"), from keel by {len(s_removed ^ k_removed)} "
+                  f"({len(s_removed ^ k_removed) / max(len(s_removed), 1):.2%})")
 
 
 if __name__ == "__main__":

@@ -184,10 +184,11 @@ void check_data(const config::Config& cfg, std::vector<ChecklistItem>& out) {
     const auto& d = report["dedup"];
     const bool exact = d.value("exact", false), near = d.value("near", false);
     add("dedup", exact && near ? Status::kOk : Status::kWarn,
-        fmt::format("keel prepare removed {} exact and {} near duplicates (MinHash, Jaccard >= "
-                    "{}){}",
+        fmt::format("keel prepare removed {} exact and {} near duplicates (MinHash, {}){}",
                     report.value("exact_duplicates", 0), report.value("near_duplicates", 0),
-                    d.value("threshold", 0.0),
+                    d.value("scheme", "keel") == "datatrove"
+                        ? std::string("datatrove's scheme: every LSH candidate")
+                        : fmt::format("Jaccard >= {}", d.value("threshold", 0.0)),
                     exact && near ? "" : ": exact or near dedup was switched off"));
     const double tails = report["length_filter"].value("drop_percentile_tails", 0.0);
     add("out-of-distribution filtering", st.screen.enabled ? Status::kOk : Status::kWarn,

@@ -85,8 +85,15 @@ void add_io_options(CLI::App& sub, data::PrepareOptions& o, std::string& tokeniz
 }
 
 // Exact and near-duplicate removal.
-void add_dedup_options(CLI::App& sub, data::PrepareOptions& o, std::string& shingle, bool& no_exact,
-                       bool& no_near) {
+void add_dedup_options(CLI::App& sub, data::PrepareOptions& o, std::string& shingle,
+                       std::string& scheme, bool& no_exact, bool& no_near) {
+  sub.add_option("--minhash-scheme", scheme,
+                 "keel: a candidate is a duplicate when its estimated Jaccard similarity with a "
+                 "kept document reaches --dedup-threshold; datatrove: FineWeb's dedup, decision "
+                 "for decision (every candidate, and chains of them; word 5-grams, 14 bands of 8 "
+                 "unless --shingle-size, --num-perm, --bands say otherwise)")
+      ->check(CLI::IsMember({"keel", "datatrove"}))
+      ->capture_default_str();
   sub.add_option("--dedup-threshold", o.minhash.threshold,
                  "Jaccard similarity at which documents are near duplicates")
       ->capture_default_str();
@@ -100,6 +107,19 @@ void add_dedup_options(CLI::App& sub, data::PrepareOptions& o, std::string& shin
       ->capture_default_str();
   sub.add_flag("--no-exact-dedup", no_exact, "keep exact duplicates");
   sub.add_flag("--no-near-dedup", no_near, "skip MinHash near-duplicate removal");
+}
+
+// --minhash-scheme datatrove: datatrove's MinhashConfig defaults where the flags are not given.
+void apply_datatrove_scheme(const CLI::App& sub, data::MinHashConfig& m) {
+  if (sub.get_option("--dedup-threshold")->count() > 0)
+    throw DataError(
+        "--dedup-threshold with --minhash-scheme datatrove: datatrove's scheme has no "
+        "similarity check (every LSH candidate is a duplicate); leave the threshold "
+        "out, or use --minhash-scheme keel");
+  m.scheme = data::MinHashScheme::kDatatrove;
+  if (sub.get_option("--shingle-size")->count() == 0) m.shingle_size = 5;
+  if (sub.get_option("--bands")->count() == 0) m.bands = 14;
+  if (sub.get_option("--num-perm")->count() == 0) m.num_perm = m.bands * 8;
 }
 
 // Length and repetition filters; the split, packing, clusters, shards and threads.
@@ -214,6 +234,7 @@ std::string command_line(const data::PrepareOptions& o, const CLI::App& sub) {
 void register_prepare(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<data::PrepareOptions>(data::recommended_prepare_options());
   auto shingle = std::make_shared<std::string>("word");
+  auto scheme = std::make_shared<std::string>("keel");
   auto no_exact = std::make_shared<bool>(false);
   auto no_near = std::make_shared<bool>(false);
   auto tokenizer = std::make_shared<std::string>("byte");
@@ -222,7 +243,7 @@ void register_prepare(CLI::App& app, int& exit_code) {
                                  "turn raw text (files, dirs, globs; text or JSONL; "
                                  "gzip/zstd) into verified training shards");
   add_io_options(*sub, *o, *tokenizer);
-  add_dedup_options(*sub, *o, *shingle, *no_exact, *no_near);
+  add_dedup_options(*sub, *o, *shingle, *scheme, *no_exact, *no_near);
   add_filter_and_packing_options(*sub, *o);
   add_split_options(*sub, *split);
   sub->footer(
@@ -240,10 +261,11 @@ void register_prepare(CLI::App& app, int& exit_code) {
       "of 2 (another)\n"
       "  keel prepare --merge parts --output data/dumps                     # the dataset from "
       "both");
-  sub->callback([o, shingle, no_exact, no_near, tokenizer, split, &exit_code, sub] {
+  sub->callback([o, shingle, scheme, no_exact, no_near, tokenizer, split, &exit_code, sub] {
     log::init(0, 1);
     o->tokenizer = data::TokenizerSpec::parse(*tokenizer);
     o->minhash.char_shingles = *shingle == "char";
+    if (*scheme == "datatrove") apply_datatrove_scheme(*sub, o->minhash);
     o->exact_dedup = !*no_exact;
     o->near_dedup = !*no_near;
     o->command = command_line(*o, *sub);

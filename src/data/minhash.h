@@ -12,7 +12,15 @@
 
 namespace keel::data {
 
+// keel's own scheme (this file), or datatrove's (data/datatrove_minhash.h: FineWeb's dedup
+// reproduced, with no similarity check).
+enum class MinHashScheme { kKeel, kDatatrove };
+inline const char* minhash_scheme_name(MinHashScheme s) {
+  return s == MinHashScheme::kDatatrove ? "datatrove" : "keel";
+}
+
 struct MinHashConfig {
+  MinHashScheme scheme = MinHashScheme::kKeel;
   int num_perm = 128;
   int bands = 16;          // rows per band = num_perm / bands
   double threshold = 0.8;  // Jaccard similarity at or above which a document is a near duplicate
@@ -20,6 +28,12 @@ struct MinHashConfig {
   int shingle_size = 3;        // words (or characters) per shingle
   uint64_t seed = 1;
 };
+
+// The 32-bit words of a document's signature: num_perm, or two per value under datatrove's
+// scheme, whose values are 61-bit (low word first).
+inline int signature_words(const MinHashConfig& c) {
+  return c.scheme == MinHashScheme::kDatatrove ? 2 * c.num_perm : c.num_perm;
+}
 
 // The set of shingle hashes of normalised text (sorted, unique). Word shingles are runs of
 // `size` consecutive whitespace-separated words; a text with fewer words gives one shingle.

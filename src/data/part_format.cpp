@@ -17,6 +17,7 @@ nlohmann::json options_json(const PrepareOptions& o) {
                                                                        : "spm"},
           {"exact_dedup", o.exact_dedup},
           {"near_dedup", o.near_dedup},
+          {"minhash_scheme", minhash_scheme_name(o.minhash.scheme)},
           {"num_perm", o.minhash.num_perm},
           {"bands", o.minhash.bands},
           {"threshold", o.minhash.threshold},
@@ -52,6 +53,9 @@ PrepareOptions options_from(const nlohmann::json& j, const fs::path& part_dir) {
   }
   o.exact_dedup = j.at("exact_dedup").get<bool>();
   o.near_dedup = j.at("near_dedup").get<bool>();
+  // Parts written before the scheme was recorded used keel's.
+  o.minhash.scheme = j.value("minhash_scheme", "keel") == "datatrove" ? MinHashScheme::kDatatrove
+                                                                      : MinHashScheme::kKeel;
   o.minhash.num_perm = j.at("num_perm").get<int>();
   o.minhash.bands = j.at("bands").get<int>();
   o.minhash.threshold = j.at("threshold").get<double>();

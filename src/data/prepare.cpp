@@ -299,6 +299,10 @@ void check_prepare_options(const PrepareOptions& o) {
     if (o.minhash.threshold <= 0 || o.minhash.threshold > 1)
       throw DataError("--dedup-threshold must be in (0, 1]");
   }
+  if (o.minhash.scheme == MinHashScheme::kDatatrove && o.minhash.char_shingles)
+    throw DataError(
+        "--shingle char: --minhash-scheme datatrove shingles words; use --shingle word "
+        "or --minhash-scheme keel");
 }
 
 nlohmann::json write_staged(const PrepareOptions& o, const std::vector<InputFile>& files,
@@ -387,7 +391,9 @@ nlohmann::json make_report(const PrepareOptions& o, const std::vector<InputFile>
       {"dedup",
        {{"exact", o.exact_dedup},
         {"near", o.near_dedup},
-        {"threshold", mh.threshold},
+        {"scheme", minhash_scheme_name(mh.scheme)},
+        // datatrove's scheme has no similarity check: every LSH candidate is a duplicate.
+        {"threshold", mh.scheme == MinHashScheme::kKeel ? nlohmann::json(mh.threshold) : nullptr},
         {"num_perm", mh.num_perm},
         {"bands", mh.bands},
         {"rows", mh.bands > 0 ? mh.num_perm / mh.bands : 0},

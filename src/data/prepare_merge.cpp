@@ -144,7 +144,7 @@ std::vector<Part> open_parts(const std::string& parts_dir) {
 DedupResult decide_parts(const PrepareOptions& o, const std::vector<Part>& parts, size_t files) {
   DedupResult r;
   const auto start = std::chrono::steady_clock::now();
-  const size_t np = static_cast<size_t>(o.minhash.num_perm);
+  const auto np = static_cast<size_t>(signature_words(o.minhash));
   int64_t bytes = 0;  // of text decided on
   DedupDecider decider(o, r, files);
   for (const Part& p : parts) {

@@ -102,9 +102,9 @@ class PartWriter {
   }
 
   // part.json's "payload": each file's name, entries and xxh3.
-  nlohmann::json finish(int num_perm) {
-    const uint64_t counts[] = {documents_, signatures_ * static_cast<uint64_t>(num_perm), tokens_,
-                               id_bytes_};
+  nlohmann::json finish(int words_per_signature) {
+    const uint64_t counts[] = {documents_, signatures_ * static_cast<uint64_t>(words_per_signature),
+                               tokens_, id_bytes_};
     nlohmann::json out = nlohmann::json::object();
     for (size_t k = 0; k < files_.size(); ++k) {
       const uint32_t elem = k == 2 ? token_bytes_ : kPayload[k].elem_bytes;
@@ -135,7 +135,7 @@ nlohmann::json write_part(const PrepareOptions& o, const std::vector<InputFile>&
               "HINT: split the input into more files than tasks",
               task, tasks, files.size());
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o, "", threads);
-  const MinHasher hasher(seeded_minhash(o));
+  const DocumentSigner signer(o);
   PartWriter writer(o.output, token_bytes_for(tokenizer->vocab_size()));
   std::unordered_set<uint64_t> seen;  // exact duplicates within the part are out whatever else
   std::vector<uint8_t> tokenize;
@@ -145,7 +145,7 @@ nlohmann::json write_part(const PrepareOptions& o, const std::vector<InputFile>&
   int64_t documents = 0;
   const ReaderStats stats = pipeline_blocks(
       mine, o.input, threads,
-      [&](Block& b) { compute_features(o, hasher, b.docs, threads, b.features); },
+      [&](Block& b) { compute_features(o, signer, b.docs, threads, b.features); },
       [&](Block& b) {
         const std::vector<Document>& block = b.docs;
         tokenize.assign(block.size(), 0);
@@ -195,7 +195,7 @@ nlohmann::json write_part(const PrepareOptions& o, const std::vector<InputFile>&
   for (const char* name : {"tokenizer.model", "tokenizer.json"})
     if (fs::exists(fs::path(o.output) / name))
       part["tokenizer_file"] = {{"file", name}, {"xxh3", hex64(file_xxh3(o.output + "/" + name))}};
-  part["payload"] = writer.finish(o.minhash.num_perm);
+  part["payload"] = writer.finish(signature_words(o.minhash));
   std::ofstream out(o.output + "/part.json");
   out << part.dump(2) << "\n";
   if (!out.flush()) throw DataError(o.output + "/part.json: write failed; HINT: is the disk full?");

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "data/datatrove_minhash.h"
 #include "data/minhash.h"
 #include "data/provenance.h"
 #include "data/shard_format.h"
@@ -338,7 +339,32 @@ MinHashConfig seeded_minhash(const PrepareOptions& o) {
   return mh;
 }
 
-void compute_features(const PrepareOptions& o, const MinHasher& hasher,
+DocumentSigner::DocumentSigner(const PrepareOptions& o) : config_(seeded_minhash(o)) {
+  if (config_.scheme == MinHashScheme::kDatatrove)
+    datatrove_ = std::make_unique<DatatroveMinHasher>(config_.shingle_size, config_.num_perm);
+  else
+    keel_ = std::make_unique<MinHasher>(config_);
+}
+
+DocumentSigner::~DocumentSigner() = default;
+
+std::vector<uint32_t> DocumentSigner::sign(std::string_view text, std::string_view norm) const {
+  if (datatrove_) {
+    const std::vector<uint64_t> values = datatrove_->signature(text);
+    std::vector<uint32_t> words;
+    words.reserve(2 * values.size());
+    for (uint64_t v : values) {
+      words.push_back(static_cast<uint32_t>(v));
+      words.push_back(static_cast<uint32_t>(v >> 32));
+    }
+    return words;
+  }
+  const auto shingles =
+      shingle_set_of_normalized(norm, config_.char_shingles, config_.shingle_size);
+  return shingles.empty() ? std::vector<uint32_t>{} : keel_->signature(shingles);
+}
+
+void compute_features(const PrepareOptions& o, const DocumentSigner& signer,
                       const std::vector<Document>& block, int threads,
                       std::vector<DocumentFeatures>& out) {
   out.assign(block.size(), {});
@@ -352,17 +378,17 @@ void compute_features(const PrepareOptions& o, const MinHasher& hasher,
     }
     const std::string norm = normalize_text(block[i].text);
     f.hash = xxh3(norm.data(), norm.size());  // normalized_hash(text), normalising once
-    if (sign) {
-      auto shingles =
-          shingle_set_of_normalized(norm, o.minhash.char_shingles, o.minhash.shingle_size);
-      if (!shingles.empty()) f.signature = hasher.signature(shingles);
-    }
+    if (sign) f.signature = signer.sign(block[i].text, norm);
   });
 }
 
 DedupDecider::DedupDecider(const PrepareOptions& o, DedupResult& r, size_t files)
     : o_(o), r_(r), sources_(std::make_unique<SourceWriter>(o.output)) {
-  if (o.near_dedup) near_ = std::make_unique<NearDuplicateIndex>(seeded_minhash(o));
+  if (o.near_dedup && o.minhash.scheme == MinHashScheme::kDatatrove)
+    clusters_ =
+        std::make_unique<DatatroveClusters>(o.minhash.bands, o.minhash.num_perm / o.minhash.bands);
+  else if (o.near_dedup)
+    near_ = std::make_unique<NearDuplicateIndex>(seeded_minhash(o));
   r_.file_first.assign(files, -1);
   r_.file_docs.assign(files, 0);
 }
@@ -383,6 +409,11 @@ uint8_t DedupDecider::decide(int64_t file, int64_t length, int64_t line, std::st
   } else if (o_.exact_dedup && !exact_seen_.insert(f.hash).second) {
     s = kExactDup;
     ++r_.exact_dups;
+  } else if (clusters_ && !f.signature.empty()) {
+    std::vector<uint64_t> values(f.signature.size() / 2);
+    for (size_t k = 0; k < values.size(); ++k)
+      values[k] = f.signature[2 * k] | uint64_t{f.signature[2 * k + 1]} << 32;
+    clusters_->add(doc, values);
   } else if (near_ && !f.signature.empty()) {
     if (near_->find(f.signature) >= 0) {
       s = kNearDup;
@@ -404,6 +435,12 @@ uint32_t DedupDecider::cluster_of(int64_t file, const DocumentFeatures& f) const
 
 void DedupDecider::finish() {
   r_.candidates_checked = near_ ? near_->candidates_checked() : 0;
+  if (clusters_) {
+    const std::vector<int64_t> removed = clusters_->removed();
+    for (int64_t doc : removed) r_.status[doc] = kNearDup;
+    r_.near_dups = static_cast<int64_t>(removed.size());
+    r_.candidates_checked = clusters_->pairs();
+  }
   r_.sources = sources_->finish();
 }
 
@@ -450,14 +487,14 @@ DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& fi
                        const std::string& spm_text_path) {
   DedupResult r;
   DedupDecider decider(o, r, files.size());
-  const MinHasher hasher(seeded_minhash(o));
+  const DocumentSigner signer(o);
   std::ofstream spm_text;
   if (!spm_text_path.empty()) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
   const int64_t total = plain_text_bytes(files);
   const auto start = SteadyClock::now();
   const ReaderStats stats = pipeline_blocks(
       files, o.input, threads,
-      [&](Block& b) { compute_features(o, hasher, b.docs, threads, b.features); },
+      [&](Block& b) { compute_features(o, signer, b.docs, threads, b.features); },
       [&](Block& b) {
         for (size_t i = 0; i < b.docs.size(); ++i) {
           const Document& d = b.docs[i];

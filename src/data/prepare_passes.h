@@ -67,14 +67,33 @@ struct DocumentFeatures {
 // o.minhash with the prepare's seed.
 MinHashConfig seeded_minhash(const PrepareOptions& o);
 
+class DatatroveMinHasher;
+class DatatroveClusters;
+
+// A document's MinHash signature under o.minhash's scheme, as signature_words(o.minhash) words.
+class DocumentSigner {
+ public:
+  explicit DocumentSigner(const PrepareOptions& o);
+  ~DocumentSigner();
+  // `text` as read and `norm` its normalize_text; empty when the text has no shingle.
+  std::vector<uint32_t> sign(std::string_view text, std::string_view norm) const;
+
+ private:
+  const MinHashConfig config_;
+  std::unique_ptr<MinHasher> keel_;
+  std::unique_ptr<DatatroveMinHasher> datatrove_;
+};
+
 // The features of a block of documents, computed on `threads` threads.
-void compute_features(const PrepareOptions& o, const MinHasher& hasher,
+void compute_features(const PrepareOptions& o, const DocumentSigner& signer,
                       const std::vector<Document>& block, int threads,
                       std::vector<DocumentFeatures>& out);
 
 // Pass 1's decisions, one document at a time in corpus order (deterministic: the same for any
 // thread count and for a merge of parts): exact duplicates by hash, then near duplicates by
 // MinHash against the documents kept so far. Records every document's provenance into o.output.
+// Under datatrove's scheme the near duplicates are decided over the whole corpus in finish(), so
+// decide() returns kKept for a document finish() may then mark kNearDup.
 class DedupDecider {
  public:
   DedupDecider(const PrepareOptions& o, DedupResult& r, size_t files);
@@ -91,6 +110,7 @@ class DedupDecider {
   const PrepareOptions& o_;
   DedupResult& r_;
   std::unique_ptr<NearDuplicateIndex> near_;
+  std::unique_ptr<DatatroveClusters> clusters_;
   std::unique_ptr<SourceWriter> sources_;
   std::unordered_set<uint64_t> exact_seen_;
 };

@@ -59,6 +59,16 @@ TEST(PrepareCommand, WrongInputExitsTwoWithAMessage) {
   r = run_keel("prepare --input " + dir.str() + "/a.txt --output " + dir.str() +
                "/out --num-perm 100 --bands 16");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  // datatrove's scheme has no similarity check and shingles words: both flags are refused.
+  for (const char* flag : {"--dedup-threshold 0.7", "--shingle char"}) {
+    r = run_keel("prepare --input " + dir.str() + "/a.txt --output " + dir.str() +
+                 "/out --minhash-scheme datatrove " + flag);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(std::string(flag).substr(0, std::string(flag).find(' '))),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
 // The demo corpus of configs/fortunes.yaml (Debian's `fortunes` package), when installed.

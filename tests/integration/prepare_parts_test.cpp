@@ -97,6 +97,32 @@ TEST(PrepareParts, ThreeTasksAndAMergeWriteTheDatasetOfOneRun) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// Under datatrove's scheme the near duplicates are decided over the whole corpus after the last
+// document; parts carry its 64-bit signatures, and the merge decides as one run does: the planted
+// exact copy is an exact duplicate, the copy with one word changed a near one.
+TEST(PrepareParts, UnderDatatrovesSchemeAMergeDecidesAsOneRun) {
+  ScratchDir dir("prepare_parts_datatrove");
+  write_corpus(dir.path());
+  const std::string scheme = " --minhash-scheme datatrove";
+  auto r = prepare(dir, dir / "one", scheme);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int task = 0; task < 3; ++task) {
+    r = prepare_task(dir, task, scheme);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  r = run_keel("prepare --merge " + (dir / "parts") + " --output " + (dir / "merged"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(expect_same_dataset(dir.path() / "one", dir.path() / "merged"), 4u);
+  const auto report = read_json(dir.path() / "merged/report.json");
+  EXPECT_EQ(report["exact_duplicates"], 1);
+  EXPECT_EQ(report["near_duplicates"], 1);
+  EXPECT_EQ(report["dedup"]["scheme"], "datatrove");
+  EXPECT_EQ(report["dedup"]["shingle_size"], 5);
+  EXPECT_EQ(report["dedup"]["num_perm"], 112);
+  EXPECT_EQ(report["dedup"]["bands"], 14);
+  EXPECT_TRUE(report["dedup"]["threshold"].is_null());
+}
+
 // More tasks than input files: the extra tasks write empty parts, and the merge is still whole.
 TEST(PrepareParts, TasksWithoutFilesWriteEmptyParts) {
   ScratchDir dir("prepare_parts_empty");
