@@ -10,17 +10,16 @@ documents. keel runs `keel prepare --jobs 1` with every other filter off, so tha
 missing from its shards exactly when dedup removed it; its time covers the whole prepare (reading,
 dedup, tokenizing, writing), not the signatures alone.
 
-datatrove's English word tokenizer is spaCy's; the bench gives it a whitespace word tokenizer (the
-`Words` class below), as keel splits words. `--scheme datatrove` runs keel with
-`--minhash-scheme datatrove --no-exact-dedup` (FineWeb's dedup reproduced; no exact pass, as in
-datatrove's stages), which must remove the very documents datatrove removes. `--spacy` also runs
-datatrove with its own English word tokenizer (spaCy's, `pip install spacy==3.8.18`) and reports
-how far that moves its removed set.
+datatrove's English word tokenizer is spaCy's. keel's own scheme splits words on whitespace, so for
+it the bench gives datatrove a whitespace word tokenizer (the `Words` class below); `--words`
+chooses. `--scheme datatrove` runs keel with `--minhash-scheme datatrove --no-exact-dedup` (FineWeb's
+dedup reproduced, spaCy's English words included; datatrove's stages have no exact pass) against
+datatrove with its own English tokenizer: the two must remove the very same documents.
 
   python3 -m venv bench/data/.venv && bench/data/.venv/bin/pip install datatrove==0.6.0 \
-      regex==2026.12.2 xxhash==3.8.2 orjson==3.13.0 tokenizers==0.23.3
+      regex==2026.12.2 xxhash==3.8.2 orjson==3.13.0 tokenizers==0.23.3 spacy==3.8.18
   bench/data/.venv/bin/python bench/data/datatrove_minhash.py --keel build/keel [--mb 60] \
-      [--threshold 0.8 | --scheme datatrove] [--simplified] [--spacy]
+      [--threshold 0.8 | --scheme datatrove] [--words whitespace|spacy] [--simplified]
 
 (xxhash 4 refuses the str that datatrove 0.6.0 hashes, hence 3.8.2.)
 """
@@ -129,12 +128,15 @@ def main():
     ap.add_argument("--scheme", choices=["keel", "datatrove"], default="keel",
                     help="keel's --minhash-scheme (datatrove: FineWeb's dedup reproduced; "
                          "--threshold does not apply)")
-    ap.add_argument("--spacy", action="store_true",
-                    help="also run datatrove with its own English word tokenizer (spaCy's)")
+    ap.add_argument("--words", choices=["whitespace", "spacy"],
+                    help="datatrove's word tokenizer (default: spacy, its own, with --scheme "
+                         "datatrove; whitespace, as keel's own scheme splits, otherwise)")
     ap.add_argument("--simplified", action="store_true",
                     help="give both tools the texts after datatrove's simplify_text (lower case, "
                          "numbers to 0, punctuation to spaces, diacritics stripped)")
     a = ap.parse_args()
+    if a.words is None:
+        a.words = "spacy" if a.scheme == "datatrove" else "whitespace"
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(os.path.join(tmp, "in"))
         corpus = os.path.join(tmp, "in", "man.jsonl")
@@ -150,25 +152,16 @@ def main():
                                                    a.ngrams, a.buckets, a.rows, a.threshold,
                                                    a.scheme)
         d_sec, d_removed = datatrove_removed(os.path.join(tmp, "in"), os.path.join(tmp, "dt"),
-                                             a.ngrams, a.buckets, a.rows)
+                                             a.ngrams, a.buckets, a.rows, spacy=a.words == "spacy")
         both = k_removed & d_removed
         print(f"keel prepare --jobs 1: {k_sec:.2f} s, {n / k_sec:,.0f} documents/s "
               f"(whole prepare); removed {len(k_removed)} ({report['exact_duplicates']} exact, "
               f"{report['near_duplicates']} near)")
-        print(f"datatrove signatures, 1 worker: {d_sec:.2f} s, {n / d_sec:,.0f} documents/s; "
+        print(f"datatrove signatures ({a.words} words), 1 worker: {d_sec:.2f} s, {n / d_sec:,.0f} documents/s; "
               f"removed {len(d_removed)} (stages 2-3)")
         print(f"removed by both: {len(both)}; keel only: {len(k_removed - d_removed)}; "
               f"datatrove only: {len(d_removed - k_removed)}; difference "
               f"{len(k_removed ^ d_removed) / max(len(d_removed), 1):.2%} of datatrove's")
-        if a.spacy:
-            s_sec, s_removed = datatrove_removed(os.path.join(tmp, "in"),
-                                                 os.path.join(tmp, "dt_spacy"), a.ngrams,
-                                                 a.buckets, a.rows, spacy=True)
-            print(f"datatrove with spaCy's words: {s_sec:.2f} s, {n / s_sec:,.0f} documents/s; "
-                  f"removed {len(s_removed)}; differs from datatrove with whitespace words by "
-                  f"{len(s_removed ^ d_removed)} ({len(s_removed ^ d_removed) / max(len(s_removed), 1):.2%}"
-                  f"), from keel by {len(s_removed ^ k_removed)} "
-                  f"({len(s_removed ^ k_removed) / max(len(s_removed), 1):.2%})")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "data/spacy_en_words.h"
+
 namespace keel::data {
 namespace {
 
@@ -318,22 +320,17 @@ DatatroveMinHasher::DatatroveMinHasher(int ngrams, int hashes, uint32_t seed) : 
 
 std::vector<uint64_t> DatatroveMinHasher::shingles(std::string_view text) const {
   const std::string simple = datatrove_simplify(text);
+  std::vector<std::string_view> words;
+  spacy_en_words(simple, words);
   // The words joined by one space, so that an n-gram is a slice.
   std::string joined;
-  joined.reserve(simple.size());
+  joined.reserve(simple.size() + words.size());
   std::vector<size_t> starts, ends;
-  for (size_t i = 0; i < simple.size();) {
-    if (simple[i] == ' ') {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < simple.size() && simple[j] != ' ') ++j;
+  for (std::string_view w : words) {
     if (!joined.empty()) joined.push_back(' ');
     starts.push_back(joined.size());
-    joined.append(simple, i, j - i);
+    joined.append(w);
     ends.push_back(joined.size());
-    i = j;
   }
   std::vector<uint64_t> out;
   const auto n = static_cast<size_t>(ngrams_);

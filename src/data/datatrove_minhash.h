@@ -2,7 +2,8 @@
 // for decision (`keel prepare --minhash-scheme datatrove`; datatrove 0.6.0,
 // datatrove/pipeline/dedup/minhash.py):
 //   - the text is simplified (datatrove.utils.text.simplify_text with its default TextNormConfig);
-//   - its words, split on whitespace, give n-grams joined by one space, each hashed with xxh64;
+//   - its words (spaCy's English tokenizer) give n-grams joined by one space, each hashed with
+//     xxh64;
 //   - each hash function is (a·x + b mod 2^64) mod (2^61 − 1), its a and b drawn by numpy's legacy
 //     RandomState(seed).randint (MT19937; masked rejection), the signature the minimum per
 //     function;
@@ -11,9 +12,8 @@
 //   - stage 3: union-find over the pairs in bucket order (union by size, the first root winning a
 //     tie); every document of a cluster but its root is removed.
 // Unlike keel's own scheme (minhash.h) there is no similarity check: sharing a bucket with another
-// document, directly or through a chain of documents, is enough. datatrove's English word tokenizer
-// is spaCy's; this one splits on whitespace (datatrove given such a word tokenizer removes the same
-// documents: bench/data/datatrove_minhash.py).
+// document, directly or through a chain of documents, is enough. Words are split as datatrove's
+// English word tokenizer, spaCy's, splits them (data/spacy_en_words.h).
 #pragma once
 
 #include <cstdint>

@@ -2,10 +2,10 @@
 // (numpy 2.4, Python 3.11; bench/data/datatrove_minhash.py's venv):
 //   from datatrove.utils.text import simplify_text
 //   from datatrove.pipeline.dedup.minhash import MinhashDedupSignature, MinhashConfig
-//   s = MinhashDedupSignature(dir, config=MinhashConfig(), language=<a whitespace word tokenizer>)
+//   s = MinhashDedupSignature(dir, config=MinhashConfig())  # English: spaCy's words
 //   s.parameters; sh = s.get_shingles(text); s.get_signature(sh)
-// The whole corpus comparison (0 documents removed by one of the two, 70,915 man pages) is the
-// bench's; these keep the pieces from drifting.
+// The whole corpus comparison (the documents each removes, 70,915 man pages) is the bench's; these
+// keep the pieces from drifting.
 #include "data/datatrove_minhash.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,23 @@
+// The words of datatrove-simplified text as datatrove's MinHash stage splits them for English:
+// spaCy's English tokenizer (spacy.blank("en"); spaCy 3.8.18's rules, generated into
+// third_party/spacy/spacy_en_rules.inc by scripts/gen_spacy_en_rules.py). Its algorithm
+// (spacy/tokenizer.pyx: _split_affixes, _attach_tokens) over each space-separated span: a special
+// case (tokenizer exception: "dont" is "do" "nt", "cannot" "can" "not") as its pieces; else
+// prefixes and suffixes peeled off one at a time (a special case met on the way stops it), then
+// the rest split at its infixes. On simplified text (lower case, no ASCII punctuation, digits 0)
+// what splits is mostly the exceptions and a unit after a number ("0m", "0gb").
+// Left out, as they cannot apply to simplified text: the URL matcher (each of its alternatives
+// needs a '.') and the special cases that contain punctuation. A span that is not valid UTF-8
+// (text that was not) is one word.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace keel::data {
+
+// Appends the words of `simplified` (views into it) to `out`. Thread-safe; each thread keeps a
+// cache of the spans it has split, as spaCy does.
+void spacy_en_words(std::string_view simplified, std::vector<std::string_view>& out);
+
+}  // namespace keel::data
