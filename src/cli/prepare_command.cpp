@@ -91,7 +91,8 @@ void add_dedup_options(CLI::App& sub, data::PrepareOptions& o, std::string& shin
                  "keel: a candidate is a duplicate when its estimated Jaccard similarity with a "
                  "kept document reaches --dedup-threshold; datatrove: FineWeb's dedup, decision "
                  "for decision (every candidate, and chains of them; word 5-grams, 14 bands of 8 "
-                 "unless --shingle-size, --num-perm, --bands say otherwise)")
+                 "unless --shingle-size, --num-perm, --bands say otherwise; with "
+                 "--no-exact-dedup, exactly the documents datatrove removes)")
       ->check(CLI::IsMember({"keel", "datatrove"}))
       ->capture_default_str();
   sub.add_option("--dedup-threshold", o.minhash.threshold,

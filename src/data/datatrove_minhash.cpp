@@ -84,8 +84,9 @@ bool is_punctuation(char32_t c) {
   return std::binary_search(std::begin(kOthers), std::end(kOthers), c);
 }
 
-// Unicode's Cased (Lu, Ll, Lt, Other_Lowercase, Other_Uppercase; the latter two by their ranges
-// below the supplementary planes) and Case_Ignorable, which Python's final-sigma rule reads.
+// Unicode's Cased (Lu, Ll, Lt, Other_Lowercase, Other_Uppercase; the latter two by their ranges,
+// the supplementary planes' Lm ones left out) and Case_Ignorable, which Python's final-sigma rule
+// reads.
 bool is_cased(char32_t c) {
   const auto cat = category(c);
   if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT)
@@ -94,10 +95,11 @@ bool is_cased(char32_t c) {
     char32_t lo, hi;
   };
   static constexpr Range kOther[] = {
-      {0xaa, 0xaa},     {0xba, 0xba},     {0x2b0, 0x2b8},   {0x2c0, 0x2c1},   {0x2e0, 0x2e4},
-      {0x345, 0x345},   {0x37a, 0x37a},   {0x1d2c, 0x1d6a}, {0x1d78, 0x1d78}, {0x1d9b, 0x1dbf},
-      {0x2071, 0x2071}, {0x207f, 0x207f}, {0x2090, 0x209c}, {0x2160, 0x217f}, {0x24b6, 0x24e9},
-      {0x2c7c, 0x2c7d}, {0xa69c, 0xa69d}, {0xa770, 0xa770}, {0xa7f8, 0xa7f9}, {0xab5c, 0xab5f}};
+      {0xaa, 0xaa},       {0xba, 0xba},       {0x2b0, 0x2b8},    {0x2c0, 0x2c1},   {0x2e0, 0x2e4},
+      {0x345, 0x345},     {0x37a, 0x37a},     {0x1d2c, 0x1d6a},  {0x1d78, 0x1d78}, {0x1d9b, 0x1dbf},
+      {0x2071, 0x2071},   {0x207f, 0x207f},   {0x2090, 0x209c},  {0x2160, 0x217f}, {0x24b6, 0x24e9},
+      {0x2c7c, 0x2c7d},   {0xa69c, 0xa69d},   {0xa770, 0xa770},  {0xa7f8, 0xa7f9}, {0xab5c, 0xab5f},
+      {0x1f130, 0x1f149}, {0x1f150, 0x1f169}, {0x1f170, 0x1f189}};
   for (const Range& r : kOther)
     if (c >= r.lo && c <= r.hi) return true;
   return false;
@@ -294,7 +296,7 @@ std::string simplify_ascii(std::string_view s) {
       continue;
     }
     while (digit(i)) ++i;
-    if ((s[i] == '.' || s[i] == ',') && digit(i + 1)) {
+    if (i < s.size() && (s[i] == '.' || s[i] == ',') && digit(i + 1)) {
       ++i;
       while (digit(i)) ++i;
     }

@@ -27,7 +27,9 @@ namespace keel::data {
 // simplify_text: lower case (Python's str.lower, final sigma included), every run of decimal
 // digits (with one decimal separator inside) to "0", datatrove's punctuation and the control
 // characters to spaces, whitespace stripped and its runs made one space, NFD with the nonspacing
-// marks (Mn) dropped, stripped again. Bytes that are not UTF-8 are kept as they are.
+// marks (Mn) dropped, stripped again. Bytes that are not UTF-8 are kept as they are. The Unicode
+// tables are utf8proc's (Unicode 15), Python 3.11's are Unicode 14: characters assigned in 15
+// alone may differ.
 std::string datatrove_simplify(std::string_view text);
 
 class DatatroveMinHasher {

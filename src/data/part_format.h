@@ -12,7 +12,10 @@
 namespace keel::data {
 
 inline constexpr const char* kPartFormat = "keel-prepare-part";
-inline constexpr int kPartVersion = 1;
+// 2: options name the MinHash scheme, and a datatrove part stores two words per signature value,
+// which a reader of version 1 would take for twice as many values. Version 1 parts (keel's
+// scheme) are still read.
+inline constexpr int kPartVersion = 2;
 inline constexpr char kDocsMagic[8] = {'K', 'E', 'E', 'L', 'P', 'D', 'C', '\n'};
 inline constexpr char kSigsMagic[8] = {'K', 'E', 'E', 'L', 'P', 'S', 'G', '\n'};
 inline constexpr char kTokensMagic[8] = {'K', 'E', 'E', 'L', 'P', 'T', 'K', '\n'};

@@ -295,7 +295,10 @@ void check_prepare_options(const PrepareOptions& o) {
   if (o.near_dedup) {
     if (o.minhash.bands <= 0 || o.minhash.num_perm % o.minhash.bands != 0)
       throw DataError("--num-perm " + std::to_string(o.minhash.num_perm) +
-                      " must be a positive multiple of --bands " + std::to_string(o.minhash.bands));
+                      " must be a positive multiple of --bands " + std::to_string(o.minhash.bands) +
+                      (o.minhash.scheme == MinHashScheme::kDatatrove
+                           ? " (--minhash-scheme datatrove's default, unless --bands is given)"
+                           : ""));
     if (o.minhash.threshold <= 0 || o.minhash.threshold > 1)
       throw DataError("--dedup-threshold must be in (0, 1]");
   }

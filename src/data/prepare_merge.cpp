@@ -56,8 +56,9 @@ Part open_part(const fs::path& dir, int task, int tasks) {
     std::ifstream in(json_path);
     if (!in) refuse_part(json_path, "missing (the task did not finish)");
     p.json = nlohmann::json::parse(in);
-    if (p.json.at("format") != kPartFormat || p.json.at("version") != kPartVersion)
-      refuse_part(json_path, std::string("not a ") + kPartFormat + " of version " +
+    const int version = p.json.at("version").get<int>();
+    if (p.json.at("format") != kPartFormat || version < 1 || version > kPartVersion)
+      refuse_part(json_path, std::string("not a ") + kPartFormat + " of version 1 to " +
                                  std::to_string(kPartVersion));
     if (p.json.at("task") != task || p.json.at("tasks") != tasks)
       refuse_part(json_path, "says task " + p.json.at("task").dump() + " of " +

@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -202,6 +203,33 @@ void sample_for_spm(std::string_view text, std::ofstream& out, size_t& bytes) {
   }
 }
 
+// A document's text in the SentencePiece sample: bytes [begin, end) of the sample file.
+struct SpmSample {
+  int64_t doc;
+  size_t begin, end;
+};
+
+// Under datatrove's scheme the near duplicates are known only after the last document: the sample
+// is written again without those it took before.
+void drop_removed_from_sample(const std::string& path, const std::vector<SpmSample>& samples,
+                              const std::vector<uint8_t>& status, size_t& bytes) {
+  if (std::all_of(samples.begin(), samples.end(),
+                  [&](const SpmSample& s) { return status[s.doc] == kKept; }))
+    return;
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  bytes = 0;
+  for (const SpmSample& s : samples) {
+    if (status[s.doc] != kKept) continue;
+    out.write(text.data() + s.begin, static_cast<std::streamsize>(s.end - s.begin));
+    bytes += s.end - s.begin;
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> DedupResult::kept_lengths() const {
@@ -333,6 +361,7 @@ ReaderStats pipeline_blocks(const std::vector<InputFile>& files, const InputOpti
   return parsed;
 }
 
+// datatrove's scheme ignores the seed: its hash functions are those of MinhashConfig's seed 1.
 MinHashConfig seeded_minhash(const PrepareOptions& o) {
   MinHashConfig mh = o.minhash;
   mh.seed = o.seed;
@@ -490,6 +519,7 @@ DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& fi
   const DocumentSigner signer(o);
   std::ofstream spm_text;
   if (!spm_text_path.empty()) spm_text.open(spm_text_path, std::ios::binary | std::ios::trunc);
+  std::vector<SpmSample> samples;
   const int64_t total = plain_text_bytes(files);
   const auto start = SteadyClock::now();
   const ReaderStats stats = pipeline_blocks(
@@ -500,12 +530,19 @@ DedupResult dedup_pass(const PrepareOptions& o, const std::vector<InputFile>& fi
           const Document& d = b.docs[i];
           const uint8_t s = decider.decide(d.file, static_cast<int64_t>(d.text.size()), d.line,
                                            d.id, b.features[i]);
-          if (s == kKept && !spm_text_path.empty() && r.spm_bytes < kSpmTrainBytes)
+          if (s == kKept && !spm_text_path.empty() && r.spm_bytes < kSpmTrainBytes) {
+            const size_t begin = r.spm_bytes;
             sample_for_spm(d.text, spm_text, r.spm_bytes);
+            samples.push_back({static_cast<int64_t>(r.status.size()) - 1, begin, r.spm_bytes});
+          }
         }
         report_progress(o, 1, b.bytes, static_cast<int64_t>(r.status.size()), total, 0, start);
       });
   decider.finish();
+  if (!spm_text_path.empty()) {
+    spm_text.close();
+    drop_removed_from_sample(spm_text_path, samples, r.status, r.spm_bytes);
+  }
   r.bytes_in = stats.bytes;
   r.invalid = stats.invalid;
   r.first_invalid = stats.first_invalid;

@@ -1,7 +1,10 @@
 #include "data/spacy_en_words.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -14,6 +17,14 @@ namespace {
 
 using Piece = std::pair<uint32_t, uint32_t>;  // [begin, end) bytes of a span
 
+// Lets a map keyed by std::string be searched with a string_view, without a copy.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <class V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
 struct Rules {
   HfRegex prefix{kSpacyEnPrefix, "spaCy's English prefixes"};
   HfRegex suffix{kSpacyEnSuffix, "spaCy's English suffixes"};
@@ -25,7 +36,7 @@ struct Rules {
     std::string_view text;
     std::vector<std::string> words;
   };
-  std::unordered_map<std::string, std::vector<Phrase>> phrases;
+  StringMap<std::vector<Phrase>> phrases;
   bool phrase_starts[256] = {};  // the first bytes of their first words
 
   Rules() {
@@ -162,8 +173,7 @@ void apply_phrases(const Rules& r, std::string_view text, std::vector<Piece>& wo
   std::vector<Match> matches;
   for (size_t i = 0; i < words.size(); ++i) {
     if (!r.phrase_starts[static_cast<unsigned char>(text[words[i].first])]) continue;
-    const auto it =
-        r.phrases.find(std::string(text.substr(words[i].first, words[i].second - words[i].first)));
+    const auto it = r.phrases.find(text.substr(words[i].first, words[i].second - words[i].first));
     if (it == r.phrases.end()) continue;
     for (const Rules::Phrase& p : it->second) {
       if (i + p.words.size() > words.size()) continue;
@@ -208,21 +218,66 @@ void apply_phrases(const Rules& r, std::string_view text, std::vector<Piece>& wo
 }
 
 bool valid_utf8_span(std::string_view s) {
-  for (unsigned char c : s)
-    if (c >= 0x80) return valid_utf8(s) == s;
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    utf8proc_int32_t cp = 0;
+    const auto n = utf8proc_iterate(p + i, static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) return false;
+    i += static_cast<size_t>(n);
+  }
   return true;
 }
+
+// The spans split so far, shared by the threads (a prepare's workers are new threads for every
+// block of documents): sharded, so that they seldom wait for each other.
+class SpanCache {
+ public:
+  // `span`'s pieces, split by `split` on a miss.
+  template <class Split>
+  std::vector<Piece> get(std::string_view span, const Split& split) {
+    Shard& shard = shards_[StringHash{}(span) % kShards];
+    {
+      std::lock_guard<std::mutex> lock(shard.mu);
+      const auto it = shard.spans.find(span);
+      if (it != shard.spans.end()) return it->second;
+    }
+    std::vector<Piece> pieces = split(span);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.spans.size() >= kSpansPerShard) shard.spans.clear();
+    shard.spans.emplace(std::string(span), pieces);
+    return pieces;
+  }
+
+ private:
+  static constexpr size_t kShards = 64, kSpansPerShard = size_t{1} << 14;
+  struct Shard {
+    std::mutex mu;
+    StringMap<std::vector<Piece>> spans;
+  };
+  Shard shards_[kShards];
+};
 
 }  // namespace
 
 void spacy_en_words(std::string_view simplified, std::vector<std::string_view>& out) {
   const Rules& r = rules();
-  thread_local std::unordered_map<std::string, std::vector<Piece>> cache;
-  constexpr size_t kCacheSpans = size_t{1} << 20;
-  std::vector<Piece> words;  // [begin, end) bytes of `simplified`
+  static SpanCache cache;
+  const auto split = [&](std::string_view span) { return split_span(r, span); };
+  // [begin, end) bytes of `simplified`: the words, and as spaCy has them, the spaces of a run but
+  // its first (they keep a special case's words apart in its second pass; dropped at the end).
+  std::vector<Piece> words;
+  const bool whole = simplified.size() < UINT32_MAX;  // Piece's offsets are 32-bit
   for (size_t i = 0; i < simplified.size();) {
     if (simplified[i] == ' ') {
-      ++i;
+      const size_t j = simplified.find_first_not_of(' ', i);
+      const size_t end = j == simplified.npos ? simplified.size() : j;
+      const size_t from = words.empty() ? i : i + 1;
+      if (whole && end > from) words.emplace_back(from, end);
+      i = end;
       continue;
     }
     size_t j = simplified.find(' ', i);
@@ -230,19 +285,17 @@ void spacy_en_words(std::string_view simplified, std::vector<std::string_view>& 
     const std::string_view span = simplified.substr(i, j - i);
     const auto at = static_cast<uint32_t>(i);
     i = j;
-    if (!valid_utf8_span(span)) {
+    if (!whole) {
+      out.push_back(span);
+    } else if (!valid_utf8_span(span)) {
       words.emplace_back(at, at + static_cast<uint32_t>(span.size()));
-      continue;
+    } else {
+      for (const auto& [b, e] : cache.get(span, split)) words.emplace_back(at + b, at + e);
     }
-    auto it = cache.find(std::string(span));
-    if (it == cache.end()) {
-      if (cache.size() >= kCacheSpans) cache.clear();
-      it = cache.emplace(std::string(span), split_span(r, span)).first;
-    }
-    for (const auto& [b, e] : it->second) words.emplace_back(at + b, at + e);
   }
   apply_phrases(r, simplified, words);
-  for (const auto& [b, e] : words) out.push_back(simplified.substr(b, e - b));
+  for (const auto& [b, e] : words)
+    if (simplified[b] != ' ') out.push_back(simplified.substr(b, e - b));
 }
 
 }  // namespace keel::data

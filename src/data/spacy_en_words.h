@@ -7,8 +7,8 @@
 // the rest split at its infixes. On simplified text (lower case, no ASCII punctuation, digits 0)
 // what splits is mostly the exceptions and a unit after a number ("0m", "0gb").
 // Left out, as they cannot apply to simplified text: the URL matcher (each of its alternatives
-// needs a '.') and the special cases that contain punctuation. A span that is not valid UTF-8
-// (text that was not) is one word.
+// needs a '.'). A span that is not valid UTF-8 (text that was not) is one word; a text of 4 GiB or
+// more is split on spaces alone.
 #pragma once
 
 #include <string_view>
@@ -16,8 +16,8 @@
 
 namespace keel::data {
 
-// Appends the words of `simplified` (views into it) to `out`. Thread-safe; each thread keeps a
-// cache of the spans it has split, as spaCy does.
+// Appends the words of `simplified` (views into it) to `out`. Thread-safe; the spans split are
+// cached for all threads, as spaCy caches them.
 void spacy_en_words(std::string_view simplified, std::vector<std::string_view>& out);
 
 }  // namespace keel::data

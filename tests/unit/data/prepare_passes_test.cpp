@@ -3,6 +3,9 @@
 // keep-whole window starts, clusters), on small planted corpora.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "data/prepare_passes.h"
 #include "data/shard_reader.h"
 #include "data_test_util.h"
@@ -68,6 +71,53 @@ TEST(DedupPass, DecidesEveryDocumentInCorpusOrder) {
   ASSERT_EQ(r.clusters.size(), docs.size());
   EXPECT_EQ(r.clusters[20], r.clusters[4]);  // an exact duplicate has the same MinHash signature
   EXPECT_EQ(r.sources["index"]["records"], docs.size());
+}
+
+// `n` words of letters alone: datatrove's simplify_text makes every number 0.
+std::vector<std::string> letter_words(std::mt19937_64& rng, int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    std::string w;
+    for (uint64_t v = 26 * 26 + rng() % (26 * 26 * 26); v > 0; v /= 26) w += char('a' + v % 26);
+    out.push_back(w);
+  }
+  return out;
+}
+
+// Under datatrove's scheme the near duplicates are decided after the last document, and the
+// SentencePiece sample, taken while reading, is written again without them.
+TEST(DedupPass, DatatrovesSchemeDecidesAtTheEndAndTheSampleKeepsNoRemovedDocument) {
+  ScratchDir dir("dedup_pass_datatrove");
+  std::mt19937_64 rng(6);
+  const auto base = letter_words(rng, 120);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 10; ++i) docs.push_back(testing::join(letter_words(rng, 60)));
+  docs.push_back(testing::join(base));  // 10: kept
+  std::vector<std::string> changed = base;
+  changed[60] = "changed";
+  std::string near = testing::join(changed);
+  near += " nearcopymarker";
+  docs.push_back(near);  // 11: near duplicate of 10
+  auto o = options(dir);
+  o.minhash.scheme = MinHashScheme::kDatatrove;
+  o.minhash.shingle_size = 5;
+  o.minhash.num_perm = 112;
+  o.minhash.bands = 14;
+  const auto files = corpus(dir, docs);
+  std::filesystem::create_directories(o.output);
+  const std::string sample = dir / "sample.txt";
+
+  const DedupResult r = dedup_pass(o, files, 2, sample);
+  ASSERT_EQ(r.status.size(), docs.size());
+  EXPECT_EQ(r.status[10], kKept);
+  EXPECT_EQ(r.status[11], kNearDup);
+  EXPECT_EQ(r.near_dups, 1);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(r.status[i], kKept) << i;
+  std::ifstream in(sample, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.size(), r.spm_bytes);
+  EXPECT_EQ(text.find("nearcopymarker"), std::string::npos);
+  EXPECT_NE(text.find(docs[10].substr(0, 40)), std::string::npos);
 }
 
 TEST(PackPass, SplitsAndKeepsWholeDocumentsOnWindowBoundaries) {

@@ -1,7 +1,7 @@
 // spaCy's English word splitting of datatrove-simplified text (data/spacy_en_words.h) against the
 // words spaCy 3.8.18 gave (datatrove's load_word_tokenizer("en").word_tokenize, in the bench venv
-// of bench/data/datatrove_minhash.py). Fuzzed texts of symbols, units and exceptions (0 of 27,000
-// differ) and the bench's man pages are compared there.
+// of bench/data/datatrove_minhash.py). Fuzzed texts of symbols, units and exceptions
+// (bench/data/spacy_words/parity.py) and the bench's man pages are compared there.
 #include "data/spacy_en_words.h"
 
 #include <gtest/gtest.h>
