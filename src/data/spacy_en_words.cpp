@@ -32,10 +32,7 @@ struct Rules {
   std::unordered_map<std::string_view, std::vector<uint32_t>> specials;  // piece lengths
   // The special cases spaCy's second pass (_apply_special_cases) looks for: those its affix rules
   // would split, as the words they split into, by their first word.
-  struct Phrase {
-    std::string_view text;
-    std::vector<std::string> words;
-  };
+  using Phrase = std::vector<std::string>;
   StringMap<std::vector<Phrase>> phrases;
   bool phrase_starts[256] = {};  // the first bytes of their first words
 
@@ -154,11 +151,10 @@ void Rules::add_phrases() {
     infix.find_all(t, infixes);
     if (first_match_length(prefix, t) == 0 && first_match_length(suffix, t) == 0 && infixes.empty())
       continue;
-    Phrase phrase{t, {}};
-    for (const auto& [b, e] : split_span(*this, t, false))
-      phrase.words.emplace_back(t.substr(b, e - b));
-    phrase_starts[static_cast<unsigned char>(phrase.words.front()[0])] = true;
-    phrases[phrase.words.front()].push_back(std::move(phrase));
+    Phrase phrase;
+    for (const auto& [b, e] : split_span(*this, t, false)) phrase.emplace_back(t.substr(b, e - b));
+    phrase_starts[static_cast<unsigned char>(phrase.front()[0])] = true;
+    phrases[phrase.front()].push_back(std::move(phrase));
   }
 }
 
@@ -168,7 +164,6 @@ void Rules::add_phrases() {
 void apply_phrases(const Rules& r, std::string_view text, std::vector<Piece>& words) {
   struct Match {
     size_t start, end;
-    std::string_view special;
   };
   std::vector<Match> matches;
   for (size_t i = 0; i < words.size(); ++i) {
@@ -176,13 +171,13 @@ void apply_phrases(const Rules& r, std::string_view text, std::vector<Piece>& wo
     const auto it = r.phrases.find(text.substr(words[i].first, words[i].second - words[i].first));
     if (it == r.phrases.end()) continue;
     for (const Rules::Phrase& p : it->second) {
-      if (i + p.words.size() > words.size()) continue;
+      if (i + p.size() > words.size()) continue;
       bool same = true;
-      for (size_t k = 1; k < p.words.size() && same; ++k) {
+      for (size_t k = 1; k < p.size() && same; ++k) {
         const Piece& w = words[i + k];
-        same = text.substr(w.first, w.second - w.first) == p.words[k];
+        same = text.substr(w.first, w.second - w.first) == p[k];
       }
-      if (same) matches.push_back({i, i + p.words.size(), p.text});
+      if (same) matches.push_back({i, i + p.size()});
     }
   }
   if (matches.empty()) return;
