@@ -1,5 +1,6 @@
 #include "config/key_paths.h"
 
+#include "config/fields.h"
 #include "config/load.h"
 
 namespace keel::config {

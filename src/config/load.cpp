@@ -24,6 +24,7 @@
 #include "common/error.h"
 #include "common/paths.h"
 #include "common/spelling.h"
+#include "config/fields.h"
 #include "config/key_paths.h"
 
 namespace keel::config {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "config/fields.h"
 #include "config/load.h"
 
 namespace keel::config {

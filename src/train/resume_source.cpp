@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/paths.h"
 #include "common/spelling.h"
+#include "config/fields.h"
 #include "config/load.h"
 
 namespace keel::train {
