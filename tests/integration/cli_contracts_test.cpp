@@ -11,10 +11,10 @@ namespace {
 TEST(PrintConfig, StdoutIsTheConfigAloneAndTrainLoadsIt) {
   ScratchDir d("print_config");
   // A subshell: run_shell adds its own 2>&1 after the command.
-  auto r =
-      run_shell("(" + std::string(KEEL_BINARY) + " validate " + source_path("configs/tiny.yaml") +
-                " --no-probe --set optim.lr=1e-3 --print-config > " + d / "r.yaml" + " 2> " +
-                d / "report.txt)");
+  auto r = run_shell("(" + std::string(keel::testing::kKeelBinary) + " validate " +
+                     source_path("configs/tiny.yaml") +
+                     " --no-probe --set optim.lr=1e-3 --print-config > " + d / "r.yaml" + " 2> " +
+                     d / "report.txt)");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(d / "r.yaml");
   const std::string yaml((std::istreambuf_iterator<char>(in)), {});
@@ -48,7 +48,7 @@ TEST(LaunchHint, OptionsOfTheCommandWithoutDashDashAreRefusedWithTheFixedLine) {
 TEST(MemoryPlan, DeviceMemoryRefusesWithTheCheapestChangeThatFits) {
   ScratchDir d("memory_plan");
   const std::string config = source_path("configs/gpt2-124m.yaml");
-  auto r = run_shell("(" + std::string(KEEL_BINARY) + " validate " + config +
+  auto r = run_shell("(" + std::string(keel::testing::kKeelBinary) + " validate " + config +
                      " --no-probe --device-memory 5e9 --print-config > " + d / "out.yaml" + ")");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   std::ifstream out(d / "out.yaml");

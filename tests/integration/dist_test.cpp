@@ -570,8 +570,8 @@ TEST(DistIntegration, OneLaunchedRankWithANamedBackendRunsItsCollectives) {
 // another process holds, is the user's to fix (exit 2, naming it), never a hang.
 TEST(DistIntegration, AMissingVariableOrABusyPortExitsTwoNamingIt) {
   ScratchDir d("dist_env");
-  auto r =
-      run_shell("env RANK=0 WORLD_SIZE=2 " + std::string(KEEL_BINARY) + " " + tiny_args(d, 8, 5));
+  auto r = run_shell("env RANK=0 WORLD_SIZE=2 " + std::string(keel::testing::kKeelBinary) + " " +
+                     tiny_args(d, 8, 5));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("MASTER_ADDR"), std::string::npos) << r.output;
 
@@ -586,7 +586,7 @@ TEST(DistIntegration, AMissingVariableOrABusyPortExitsTwoNamingIt) {
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string port = std::to_string(ntohs(addr.sin_port));
   r = run_shell("env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
-                std::string(KEEL_BINARY) + " " + tiny_args(d, 8, 5) +
+                std::string(keel::testing::kKeelBinary) + " " + tiny_args(d, 8, 5) +
                 " --set distributed.timeout_s=10");
   ::close(fd);
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -601,9 +601,9 @@ TEST(DistIntegration, TorchrunStartsTheSameJob) {
   auto a = run_keel("launch --nproc 2 -- " + tiny_args(viaLaunch, 8, 20));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string port = std::to_string(20000 + ::getpid() % 20000);
-  const CommandResult b =
-      run_shell(torchrun + " --no-python --nproc_per_node 2 --master_addr 127.0.0.1" +
-                " --master_port " + port + " " + KEEL_BINARY + " " + tiny_args(viaTorchrun, 8, 20));
+  const CommandResult b = run_shell(
+      torchrun + " --no-python --nproc_per_node 2 --master_addr 127.0.0.1" + " --master_port " +
+      port + " " + keel::testing::kKeelBinary + " " + tiny_args(viaTorchrun, 8, 20));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   expect_same_losses(losses(viaLaunch), losses(viaTorchrun));
 }

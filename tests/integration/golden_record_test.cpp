@@ -19,7 +19,7 @@ namespace keel::testing {
 namespace {
 namespace fs = std::filesystem;
 
-const fs::path kGoldenDir = fs::path(KEEL_SOURCE_DIR) / "tests/golden/records";
+const fs::path kGoldenDir = fs::path(keel::testing::kSourceDir) / "tests/golden/records";
 const std::vector<std::string> kFiles = {"metrics.jsonl", "events.jsonl", "eval.jsonl",
                                          "quarantine.jsonl"};
 

@@ -17,6 +17,7 @@
 
 #include "checkpoint/file_io.h"
 #include "scratch_dir.h"
+#include "test_paths.h"
 
 namespace keel::testing {
 
@@ -39,7 +40,7 @@ inline CommandResult run_shell(const std::string& command) {
 }
 
 inline CommandResult run_keel(const std::string& args) {
-  return run_shell(std::string(KEEL_BINARY) + " " + args);
+  return run_shell(std::string(keel::testing::kKeelBinary) + " " + args);
 }
 
 // Starts keel in the background with its output in `log`, and waits until it trains (run_dir has
@@ -47,8 +48,8 @@ inline CommandResult run_keel(const std::string& args) {
 // kill(pid, 0)), or 0 when it could not be started.
 inline int start_keel_training(const std::string& args, const std::filesystem::path& run_dir,
                                const std::filesystem::path& log) {
-  const std::string cmd =
-      std::string(KEEL_BINARY) + " " + args + " > " + log.string() + " 2>&1 & echo $!";
+  const std::string cmd = std::string(keel::testing::kKeelBinary) + " " + args + " > " +
+                          log.string() + " 2>&1 & echo $!";
   std::FILE* p = popen(cmd.c_str(), "r");
   if (!p) return 0;
   int pid = 0;
@@ -91,7 +92,7 @@ inline const std::string kTenIncidentFaults =
     " {kind: corrupt_batch, mode: repeat_token, at_step: 275, steps: 4}]'";
 
 inline std::string source_path(const std::string& relative) {
-  return std::string(KEEL_SOURCE_DIR) + "/" + relative;
+  return std::string(keel::testing::kSourceDir) + "/" + relative;
 }
 
 // A program of the Python environment scripts/setup.sh made ($KEEL_CACHE or ~/.cache/keel, in

@@ -25,8 +25,8 @@ TEST(KillIntegration, TwentyKillsNeverLoseACheckpoint) {
   std::uniform_int_distribution<int> delay_ms(300, 1500);
   int64_t previous_step = 0;
   for (int cycle = 0; cycle < 20; ++cycle) {
-    std::string cmd =
-        std::string(KEEL_BINARY) + " " + args + " >> " + d.str() + "/log 2>&1 & echo $!";
+    std::string cmd = std::string(keel::testing::kKeelBinary) + " " + args + " >> " + d.str() +
+                      "/log 2>&1 & echo $!";
     std::FILE* p = popen(cmd.c_str(), "r");
     int pid = 0;
     ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);

@@ -69,7 +69,8 @@ TEST(ProductionConfig, OffCombinationIsReportedWithTheValidatedRanges) {
   ScratchDir dir("production_two_ranks");
   auto t = run_shell(
       "RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 " +
-      std::string(KEEL_BINARY) + " train " + kProduction + " --run-dir " + dir.str());
+      std::string(keel::testing::kKeelBinary) + " train " + kProduction + " --run-dir " +
+      dir.str());
   EXPECT_EQ(t.exit_code, 2) << t.output;
   EXPECT_NE(t.output.find("global_batch=1024"), std::string::npos) << t.output;
   EXPECT_NE(t.output.find("keel validate --world-size 2"), std::string::npos) << t.output;

@@ -158,7 +158,7 @@ TEST(RefusedStart, ARefusedStartInAnEmptyOrMissingDirectoryCreatesNothing) {
       << r.output;
   EXPECT_FALSE(fs::exists(missing));
   // A relative path that is not there names the working directory it was looked for in.
-  r = run_shell("cd " + d.str() + " && " + KEEL_BINARY + " " +
+  r = run_shell("cd " + d.str() + " && " + keel::testing::kKeelBinary + " " +
                 quick_train("run", " --resume nowhere/step_00000004"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("relative to " + d.str()), std::string::npos) << r.output;
@@ -195,7 +195,7 @@ TEST(PrepareOutput, ANonEmptyOutputIsRefusedAndLeftAsItWas) {
   EXPECT_TRUE(tree(out) == with_raw);
   fs::rename(fs::path(out) / "raw", d.path() / "raw_moved");
   // The working directory itself cannot be renamed onto.
-  r = run_shell("cd " + out + " && " + KEEL_BINARY + " prepare --input " + d / "b" +
+  r = run_shell("cd " + out + " && " + keel::testing::kKeelBinary + " prepare --input " + d / "b" +
                 " --output . --overwrite");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("the working directory"), std::string::npos) << r.output;
@@ -234,9 +234,9 @@ TEST(PrepareOutput, OverwriteKilledAtAnyMomentLeavesTheOldDatasetOrTheNew) {
   int old_seen = 0, new_seen = 0;
   for (int delay_ms : {50, 300, 800, 1500, 3000, 6000}) {
     SCOPED_TRACE(delay_ms);
-    const std::string cmd = std::string(KEEL_BINARY) + " prepare --input " + d / "new_raw" +
-                            " --output " + out + flags + " --overwrite > " + d / "log" +
-                            " 2>&1 & echo $!";
+    const std::string cmd = std::string(keel::testing::kKeelBinary) + " prepare --input " +
+                            d / "new_raw" + " --output " + out + flags + " --overwrite > " +
+                            d / "log" + " 2>&1 & echo $!";
     std::FILE* p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     int pid = 0;

@@ -147,8 +147,8 @@ std::map<int64_t, double> losses_of(const fs::path& run_dir) {
 TEST_F(SlurmCluster, SrunTrainsAsKeelLaunchDoes) {
   const fs::path d = dir_.path();
   const std::string port = std::to_string(free_port());
-  auto r = run_shell("env MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " srun -n 2 " + KEEL_BINARY +
-                     " train " + run_args((d / "srun").string(), 20));
+  auto r = run_shell("env MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " srun -n 2 " +
+                     keel::testing::kKeelBinary + " train " + run_args((d / "srun").string(), 20));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 0 of 2 (0 from slurm)"), std::string::npos) << r.output;
   r = run_keel("launch --nproc 2 -- train " + run_args((d / "launch").string(), 20));
@@ -167,7 +167,7 @@ TEST_F(SlurmCluster, ATimeLimitCheckpointsAndTheResubmittedJobContinuesBitExactl
   const std::string run = (d / "job").string();
   auto submit = [&](int steps) {
     const std::string port = std::to_string(free_port());
-    auto r = run_shell("env KEEL=" + std::string(KEEL_BINARY) +
+    auto r = run_shell("env KEEL=" + std::string(keel::testing::kKeelBinary) +
                        " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
                        " sbatch --parsable --ntasks=2 --time=1 --signal=TERM@50 --output=" +
                        (d / "job-%j.out").string() + " " + script + " " +
@@ -206,7 +206,7 @@ TEST_F(SlurmCluster, APrepareArrayAndItsMergeWriteTheDatasetOfOneRun) {
   const fs::path d = dir_.path();
   const std::string script = source_path("scripts/slurm/prepare.sbatch");
   const std::string flags = " --separator % --seq-len 256 --val-fraction 0.05";
-  const std::string env = "env KEEL=" + std::string(KEEL_BINARY) + " ";
+  const std::string env = "env KEEL=" + std::string(keel::testing::kKeelBinary) + " ";
   auto r = run_shell(env + "sbatch --parsable --array=0-2 --cpus-per-task=1 --output=" +
                      (d / "prepare-%A_%a.out").string() + " " + script + " " +
                      (d / "parts").string() + " --input " + fortunes + flags);

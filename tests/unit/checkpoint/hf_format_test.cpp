@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
+std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
@@ -231,7 +231,7 @@ TEST(HfFormat, StreamedExportAndReadMatchTheWholeConversions) {
     const fs::path dir = d / f.name;
     fs::create_directories(dir);
     write_hf_weights(dir / "model.safetensors", f.model, shapes, rows, "test");
-    const std::string streamed = slurp(dir / "model.safetensors");
+    const std::string streamed = read_text(dir / "model.safetensors");
     EXPECT_EQ(streamed,
               encode_safetensors(to_hf_tensors(keel, f.model, "test"), {{"format", "pt"}}));
     for (const auto& [name, t] : keel) EXPECT_EQ(rows_read[name], t.size(0)) << name;

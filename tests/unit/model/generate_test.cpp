@@ -14,7 +14,8 @@ namespace {
 
 using torch::Tensor;
 
-config::ModelConfig tiny(const std::string& arch, int64_t kv_heads = 0, bool qk_norm = false) {
+config::ModelConfig tiny_for_generation(const std::string& arch, int64_t kv_heads = 0,
+                                        bool qk_norm = false) {
   config::ModelConfig c;
   c.arch = *config::parse_choice<config::Arch>(arch);
   c.vocab_size = 48;
@@ -50,12 +51,14 @@ TEST_P(CachedForward, EqualsTheFullForwardAtEveryPosition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CachedForward,
-                         ::testing::Values(tiny("llama"), tiny("llama", 2), tiny("llama", 1, true),
-                                           tiny("gpt2")));
+                         ::testing::Values(tiny_for_generation("llama"),
+                                           tiny_for_generation("llama", 2),
+                                           tiny_for_generation("llama", 1, true),
+                                           tiny_for_generation("gpt2")));
 
 TEST(Generate, GreedyIsTheArgmaxChainAndStopsAtTheStopId) {
   torch::manual_seed(4);
-  Transformer m(tiny("llama", 2));
+  Transformer m(tiny_for_generation("llama", 2));
   const std::vector<int64_t> prompt = {1, 2, 3};
   GenerateOptions o;
   o.temperature = 0;
@@ -77,7 +80,7 @@ TEST(Generate, GreedyIsTheArgmaxChainAndStopsAtTheStopId) {
 
 TEST(Generate, SamplingIsReproducibleBySeedAndTopOneIsGreedy) {
   torch::manual_seed(5);
-  Transformer m(tiny("gpt2"));
+  Transformer m(tiny_for_generation("gpt2"));
   GenerateOptions o;
   o.temperature = 1.0;
   o.top_k = 0;
@@ -95,7 +98,7 @@ TEST(Generate, SamplingIsReproducibleBySeedAndTopOneIsGreedy) {
 
 TEST(Generate, OutputOutgrowsTheContextWindow) {
   torch::manual_seed(6);
-  Transformer m(tiny("llama"));
+  Transformer m(tiny_for_generation("llama"));
   GenerateOptions o;
   o.temperature = 0;
   o.max_new_tokens = 40;  // prompt 10 + 40 > seq_len 16

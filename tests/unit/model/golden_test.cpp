@@ -18,6 +18,7 @@
 #include "config/schema.h"
 #include "model/fused_ops.h"
 #include "model/transformer.h"
+#include "test_paths.h"
 
 namespace keel::model {
 namespace {
@@ -116,7 +117,7 @@ TEST_P(GoldenTest, LossAndEveryGradientMatchThePyTorchReference) {
     GTEST_SKIP() << "this LibTorch has no oneDNN";
   }
   const CpuMatmulScope matmul_scope(matmul);
-  const auto path = std::filesystem::path(KEEL_GOLDEN_DIR) / (arch + ".safetensors");
+  const auto path = std::filesystem::path(keel::testing::kGoldenDir) / (arch + ".safetensors");
   const auto golden = checkpoint::read_safetensors(path);
   const auto& md = golden.metadata;
   ASSERT_EQ(meta(md, "format"), "keel-golden") << path;
