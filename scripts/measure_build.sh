@@ -7,7 +7,7 @@
 #   2. schema: that build again after an edit of src/config/schema.h (a new declaration, so every
 #              includer really recompiles; ccache cannot serve it);
 #   3. guard:  the same for src/guard/guard.h;
-#   4. touch:  `touch` of both headers (contents unchanged: ccache serves the objects);
+#   4. touch:  `touch` of each header (contents unchanged: ccache serves the objects);
 #   5. warm:   a second fresh clone in another folder, built with the cache steps 1-4 filled, as CI
 #              builds on the machine a session used;
 #   6. suite:  with --suite, the test suite at -j2 in that clone (scripts/test.sh's ctest line).
@@ -37,9 +37,10 @@ clone() {  # clone DIR: a fresh checkout of COMMIT, as CI makes one
 }
 compile_seconds() {  # compile_seconds BUILD_DIR [BEFORE]: summed unit times in ninja's log, of the
   # lines not in the copy BEFORE of the log (ninja may rewrite the log, so lines, not offsets)
-  awk 'FNR == NR { seen[$0] = 1; next }
-       FNR > 1 && !($0 in seen) && ($4 ~ /\.o$/ || $4 ~ /\.gch$/) { s += ($2 - $1) / 1000; n++ }
-       END { printf "%.0f %d\n", s, n }' "${2:-/dev/null}" "$1/.ninja_log"
+  awk -v before="${2:-}" '
+    BEGIN { if (before != "") while ((getline line < before) > 0) seen[line] = 1 }
+    FNR > 1 && !($0 in seen) && ($4 ~ /\.o$/ || $4 ~ /\.gch$/) { s += ($2 - $1) / 1000; n++ }
+    END { printf "%.0f %d\n", s, n }' "$1/.ninja_log"
 }
 build() {  # build CHECKOUT [ARGS]: wall seconds of scripts/build.sh (every target, or ARGS')
   local t0 t1 checkout="$1"
@@ -83,9 +84,8 @@ for header in src/config/schema.h src/guard/guard.h; do
   wall=$(build "$a")
   row "edit $header" "$wall" "$(compile_seconds "$a/build" "$work/log.before" | awk '{print $1" ("$2")"}')" "$(hits)"
   git -C "$a" checkout -q -- "$header"
+  build "$a" >/dev/null  # back to the committed header: a rebuild the cache serves, not counted
 done
-# Back to the committed headers (a rebuild the cache serves), then touch them.
-build "$a" >/dev/null
 for header in src/config/schema.h src/guard/guard.h; do
   cp "$a/build/.ninja_log" "$work/log.before"
   touch "$a/$header"
@@ -109,7 +109,7 @@ if [ "$suite" = 1 ]; then
   summary="$(grep -E 'tests passed|tests failed' "$work/suite.log" | tail -n 1)"
   row "suite at -j2 (ctest -LE gpu)" "$((t1 - t0))" "$summary" ""
   grep -E '^ *[0-9]+/[0-9]+ Test' "$work/suite.log" |
-    sed -E 's/.*Test +#[0-9]+: ([^ ]+) .*[^0-9]([0-9.]+) sec$/\2 \1/' | sort -rn | head -n 20 \
+    sed -E 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' | sort -rn | head -n 20 \
     > "$work/slowest.txt"
   echo; echo "slowest 20 (s, test):"; cat "$work/slowest.txt"
   cp "$work/suite.log" "${TMPDIR:-/tmp}/keel-measure-suite-$sha.log"
