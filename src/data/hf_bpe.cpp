@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <queue>
 #include <sstream>
@@ -99,6 +100,23 @@ class HfBpeTokenizer : public Tokenizer {
   void parse_model(const json& m);
   void parse_added(const json& added);
   void choose_boundary(const std::string& boundary_token);
+  // A token id as tokenizers reads one: an integer in u32, no cast from a float, a bool or a
+  // negative number; and below max_id_, so that no table is sized by a number in the file.
+  uint32_t token_id(const json& id, const std::string& key) const {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<uint32_t>::max())
+      refuse_file(key + " is " + id.dump() + ", not a token id (an integer from 0 to 4294967295)");
+    const uint64_t v = id.get<uint64_t>();
+    if (v >= max_id_)
+      refuse_file(key + " is " + std::to_string(v) + ", far past the " +
+                  std::to_string(max_id_ - kIdSlack) + " tokens the file lists (ids up to " +
+                  std::to_string(max_id_ - 1) + " are read)");
+    return static_cast<uint32_t>(v);
+  }
+  // A file that is not a well-formed tokenizer.json (as opposed to one keel does not run).
+  [[noreturn]] void refuse_file(const std::string& what) const {
+    throw DataError(path_ + ": " + what + "\nHINT: a tokenizer.json that the tokenizers library " +
+                    "itself writes (tokenizer.save) has none of these");
+  }
   [[noreturn]] void refuse(const std::string& what) const {
     throw DataError(path_ + ": " + what +
                     "; keel runs BPE models with no normalizer or NFC, and Split, ByteLevel and "
@@ -123,6 +141,12 @@ class HfBpeTokenizer : public Tokenizer {
   std::array<std::array<std::vector<size_t>, 256>, 2> added_by_first_byte_;
   std::vector<std::string> id_to_token_;
   uint32_t boundary_id_ = 0;
+  // Ids are read below max_id_: the file's tokens (vocab and added) plus kIdSlack. Real files
+  // number their tokens densely, with a few reserved gaps; one id of 1e8 among a handful of tokens
+  // would otherwise size the id table at gigabytes.
+  static constexpr uint64_t kIdSlack = 65536;
+  uint64_t max_id_ = kIdSlack;
+  uint64_t added_count_ = 0;
   bool byte_level_decoder_ = false;
   uint64_t serial_ = next_serial++;
 };
@@ -132,8 +156,11 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path, const json& j,
     : path_(path) {
   parse_normalizer(j.value("normalizer", json()));
   parse_pre_tokenizer(j.value("pre_tokenizer", json()));
+  const json added = j.value("added_tokens", json::array());
+  if (!added.is_array()) refuse_file("added_tokens is not a list");
+  added_count_ = added.size();
   parse_model(j.at("model"));
-  parse_added(j.value("added_tokens", json::array()));
+  parse_added(added);
   const json decoder = j.value("decoder", json());
   byte_level_decoder_ = decoder.dump().find("\"ByteLevel\"") != std::string::npos;
   choose_boundary(boundary_token);
@@ -203,8 +230,11 @@ void HfBpeTokenizer::parse_model(const json& m) {
   fuse_unk_ = m.value("fuse_unk", false);
   byte_fallback_ = m.value("byte_fallback", false);
   ignore_merges_ = m.value("ignore_merges", false);
-  for (const auto& [token, id] : m.at("vocab").items()) {
-    const auto v = id.get<uint32_t>();
+  const json& vocab = m.at("vocab");
+  if (!vocab.is_object()) refuse_file("model.vocab is not an object of token: id");
+  max_id_ = vocab.size() + added_count_ + kIdSlack;
+  for (const auto& [token, id] : vocab.items()) {
+    const uint32_t v = token_id(id, "model.vocab[" + json(token).dump() + "]");
     vocab_[token] = v;
     if (v >= id_to_token_.size()) id_to_token_.resize(v + 1);
     id_to_token_[v] = token;
@@ -241,7 +271,11 @@ void HfBpeTokenizer::parse_added(const json& added) {
   for (const json& t : added) {
     AddedToken a;
     a.content = t.at("content").get<std::string>();
-    a.id = t.at("id").get<uint32_t>();
+    a.id = token_id(t.at("id"), "added_tokens[" + std::to_string(added_.size()) + "].id");
+    if (const auto it = vocab_.find(a.content); it != vocab_.end() && it->second != a.id)
+      refuse_file("added_tokens[" + std::to_string(added_.size()) + "] " + json(a.content).dump() +
+                  " has id " + std::to_string(a.id) + " but model.vocab gives it " +
+                  std::to_string(it->second));
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);

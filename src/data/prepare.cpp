@@ -172,6 +172,22 @@ PrepareOptions recommended_prepare_options() {
 namespace {
 
 // The dataset written into `o.output` (an empty staging directory) from `files`.
+// A prepare that keeps no document writes nothing (write_staged removes the staging directory):
+// a dataset of zero documents would pass until `keel train` refused it.
+[[noreturn]] void refuse_empty_dataset(const DedupResult& d) {
+  std::string why = fmt::format("{} document(s) read", d.status.size());
+  if (d.invalid > 0)
+    why +=
+        fmt::format(", {} invalid record(s) skipped (the first: {})", d.invalid, d.first_invalid);
+  if (d.exact_dups + d.near_dups > 0)
+    why += fmt::format(", {} exact and {} near duplicate(s) removed", d.exact_dups, d.near_dups);
+  throw DataError(
+      "prepare: no document is left to write (" + why + "), so no dataset was written\nHINT: " +
+      (d.invalid > 0 ? "--text-field names the key (JSONL) or column (parquet) that holds the "
+                       "text; check it against the first invalid record"
+                     : "check --min-length/--max-length and the inputs' contents"));
+}
+
 nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFile>& files,
                              const std::vector<std::string>& skipped);
 
@@ -478,6 +494,7 @@ nlohmann::json write_dataset(const PrepareOptions& o, const std::vector<InputFil
   if (train_spm) fs::remove(spm_text_path);
 
   const PackResult packed = pack_pass(o, files, dedup, length_filter, *tokenizer, threads);
+  if (packed.docs_out == 0) refuse_empty_dataset(dedup);
   PrepareTiming timing;
   timing.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   timing.cpu_seconds = cpu_seconds() - cpu0;  // of the whole process: prepare is all it does

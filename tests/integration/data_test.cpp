@@ -46,6 +46,25 @@ TEST(PrepareCommand, WritesVerifiedShardsAndAReport) {
   EXPECT_NE(r.output.find("80 documents"), std::string::npos) << r.output;
 }
 
+// A prepare that keeps no document (here: the text is under another key than --text-field) is
+// exit 2, says why, and writes nothing: not a dataset that only `keel train` would refuse.
+TEST(PrepareCommand, KeepingNoDocumentExitsTwoAndWritesNothing) {
+  ScratchDir dir("prepare_cli_empty");
+  write_file(dir / "docs.jsonl",
+             "{\"text\": \"the first document\"}\n{\"text\": \"the second\"}\n");
+  const std::string out = dir / "out";
+  auto r = run_keel("prepare --input " + dir / "docs.jsonl" + " --output " + out +
+                    " --text-field content");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no document is left to write (0 document(s) read, 2 invalid record(s)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--text-field"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out)) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename(), "docs.jsonl") << "left behind: " << e.path();
+}
+
 TEST(PrepareCommand, WrongInputExitsTwoWithAMessage) {
   ScratchDir dir("prepare_cli_bad");
   auto r = run_keel("prepare --input " + dir.str() + "/missing --output " + dir.str() + "/out");
