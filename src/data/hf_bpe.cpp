@@ -146,7 +146,6 @@ class HfBpeTokenizer : public Tokenizer {
   // would otherwise size the id table at gigabytes.
   static constexpr uint64_t kIdSlack = 65536;
   uint64_t max_id_ = kIdSlack;
-  uint64_t added_count_ = 0;
   bool byte_level_decoder_ = false;
   uint64_t serial_ = next_serial++;
 };
@@ -158,7 +157,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path, const json& j,
   parse_pre_tokenizer(j.value("pre_tokenizer", json()));
   const json added = j.value("added_tokens", json::array());
   if (!added.is_array()) refuse_file("added_tokens is not a list");
-  added_count_ = added.size();
+  max_id_ = added.size() + kIdSlack;  // parse_model adds the vocabulary's size
   parse_model(j.at("model"));
   parse_added(added);
   const json decoder = j.value("decoder", json());
@@ -232,7 +231,7 @@ void HfBpeTokenizer::parse_model(const json& m) {
   ignore_merges_ = m.value("ignore_merges", false);
   const json& vocab = m.at("vocab");
   if (!vocab.is_object()) refuse_file("model.vocab is not an object of token: id");
-  max_id_ = vocab.size() + added_count_ + kIdSlack;
+  max_id_ += vocab.size();
   for (const auto& [token, id] : vocab.items()) {
     const uint32_t v = token_id(id, "model.vocab[" + json(token).dump() + "]");
     vocab_[token] = v;
@@ -268,14 +267,15 @@ void HfBpeTokenizer::parse_model(const json& m) {
 }
 
 void HfBpeTokenizer::parse_added(const json& added) {
-  for (const json& t : added) {
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    const std::string key = "added_tokens[" + std::to_string(i) + "]";
     AddedToken a;
     a.content = t.at("content").get<std::string>();
-    a.id = token_id(t.at("id"), "added_tokens[" + std::to_string(added_.size()) + "].id");
+    a.id = token_id(t.at("id"), key + ".id");
     if (const auto it = vocab_.find(a.content); it != vocab_.end() && it->second != a.id)
-      refuse_file("added_tokens[" + std::to_string(added_.size()) + "] " + json(a.content).dump() +
-                  " has id " + std::to_string(a.id) + " but model.vocab gives it " +
-                  std::to_string(it->second));
+      refuse_file(key + " " + json(a.content).dump() + " has id " + std::to_string(a.id) +
+                  " but model.vocab gives it " + std::to_string(it->second));
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);

@@ -87,10 +87,14 @@ TEST(HfBpeIds, AnAddedTokenWhoseIdDisagreesWithTheVocabularyIsRefused) {
   ScratchDir d("hf_bpe_ids_disagree");
   json j = small_tokenizer();
   j["added_tokens"][0]["id"] = 2;  // "<eos>" is 3 in the vocabulary
-  const std::string message = refusal(d, j);
+  std::string message = refusal(d, j);
   EXPECT_NE(message.find("added_tokens[0] \"<eos>\" has id 2 but model.vocab gives it 3"),
             std::string::npos)
       << message;
+  // The key is the token's place in the file's list, also after one keel skips (empty content).
+  j["added_tokens"].insert(j["added_tokens"].begin(), json{{"id", 4}, {"content", ""}});
+  message = refusal(d, j);
+  EXPECT_NE(message.find("added_tokens[1] \"<eos>\" has id 2"), std::string::npos) << message;
 }
 
 }  // namespace
