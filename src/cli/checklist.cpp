@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "data/foreign_formats.h"
 #include "data/shard_reader.h"
+#include "schedule/schedule.h"
 
 namespace keel::cli {
 namespace {
@@ -37,6 +38,28 @@ std::string cadence(const config::CheckpointConfig& c) {
         c.max_overhead * 100, checkpoint::kMinAutoCheckpoints);
   if (c.every_steps == 0) return "checkpoint.every_steps 0: only at the end of the run";
   return fmt::format("every {} steps", c.every_steps);
+}
+
+// What the schedule does after its warmup, kind by kind (schedule/schedule.h), in the step
+// numbers the run counts (1-based: step N is the N-th update).
+std::string lr_decay(const config::ScheduleConfig& s, int64_t max_steps) {
+  switch (s.kind) {
+    case config::ScheduleKind::kCosine:
+      return fmt::format("cosine to {} x peak at step {}", s.min_lr_ratio, max_steps);
+    case config::ScheduleKind::kThreePhase: {
+      const int64_t decay = schedule::decay_start(s, max_steps);
+      if (decay >= max_steps)
+        return "three_phase: the peak from the warmup's end to the last step, no decay "
+               "(schedule.phases.decay leaves it no steps)";
+      return fmt::format(
+          "three_phase: the peak until step {}, then exponential decay to {} x peak at step {}",
+          decay, s.min_lr_ratio, max_steps);
+    }
+    case config::ScheduleKind::kConstant:
+      break;
+  }
+  return "constant: the peak lr from the warmup's end to the last step, no decay "
+         "(schedule.min_lr_ratio is not used)";
 }
 
 }  // namespace
@@ -242,10 +265,9 @@ void check_schedule_and_recovery(const config::Config& cfg, int64_t parameters,
                                          : " (2,000 to start at scale, longer for larger models)"));
 
   add("lr decay by step", Status::kOk,
-      fmt::format("{} to {} x peak at step {}: a function of the optimizer step, never of wall "
-                  "time; the recovery overlay scales it",
-                  config::name_of(cfg.schedule.kind), cfg.schedule.min_lr_ratio,
-                  cfg.run.max_steps));
+      lr_decay(cfg.schedule, cfg.run.max_steps) +
+          ": a function of the optimizer step, never of wall time; the recovery overlay scales "
+          "it");
 
   if (st.enabled)
     add("two-level alarm", Status::kOk,

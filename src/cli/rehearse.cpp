@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
+#include "common/event_kind.h"
 #include "config/load.h"
 
 namespace keel::cli {
@@ -21,9 +22,9 @@ constexpr int64_t kRehearsalSteps = 90;
 constexpr int64_t kBadBatchStep = 40;  // after the warmup and the first stable snapshots
 constexpr int64_t kLrSpikeStep = 65;   // after the first incident's recovery
 
-int64_t count_of(const std::vector<nlohmann::json>& events, const char* kind) {
+int64_t count_of(const std::vector<nlohmann::json>& events, EventKind kind) {
   int64_t n = 0;
-  for (const auto& e : events) n += e.value("kind", "") == kind;
+  for (const auto& e : events) n += e.value("kind", "") == name_of(kind);
   return n;
 }
 
@@ -104,9 +105,10 @@ Rehearsal rehearse(const config::Config& cfg) {
   }
   checkpoint::remove_tree(dir, ec);
 
-  const int64_t pauses = count_of(events, "pause"), rollbacks = count_of(events, "rollback"),
-                recovered = count_of(events, "recovery_end");
-  const bool finished = status == 0 && count_of(events, "run_end") == 1;
+  const int64_t pauses = count_of(events, EventKind::kPause),
+                rollbacks = count_of(events, EventKind::kRollback),
+                recovered = count_of(events, EventKind::kRecoveryEnd);
+  const bool finished = status == 0 && count_of(events, EventKind::kRunEnd) == 1;
   Rehearsal r;
   r.passed = finished && pauses >= 1 && rollbacks >= 1 && recovered >= 1;
   const std::string injected = fmt::format(
@@ -127,7 +129,7 @@ Rehearsal rehearse(const config::Config& cfg) {
         "go through pause -> rollback -> recovery. At the bad batch {}; at the lr spike {} (a "
         "model that has learned little by then takes little harm from either: try a config that "
         "trains faster, or read the events)",
-        injected, pauses, rollbacks, recovered, count_of(events, "warn"),
+        injected, pauses, rollbacks, recovered, count_of(events, EventKind::kWarn),
         loss_move(metrics, kBadBatchStep), loss_move(metrics, kLrSpikeStep));
   return r;
 }

@@ -28,6 +28,8 @@ enum class EventKind {
   kIncidentEnd,        // an incident closed: training clean again
   kAbort,              // the run stopped itself (exit 3)
 };
+// The last kind: every kind is EventKind(0) .. kLastEventKind, for the tests that each is known.
+constexpr EventKind kLastEventKind = EventKind::kAbort;
 
 // The name events.jsonl carries ("run_start", "skip_nan", ...).
 constexpr const char* name_of(EventKind kind) {

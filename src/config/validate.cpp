@@ -274,13 +274,9 @@ void check_optim(Checker& c, const OptimConfig& o, const RunConfig& run) {
     }
   }
   c.positive("optim.eps", o.eps);
+  // Decay is applied as w -= lr x weight_decay x w (torch.optim.AdamW's form), so 0.1, the value
+  // of GPT-3's and Llama's recipes, is the usual choice and no cause for a warning.
   c.in_range("optim.weight_decay", o.weight_decay, 0, 0.1, Ends::kClosed);
-  if (o.weight_decay > 0.05 && o.weight_decay <= 0.1) {
-    c.warning("optim.weight_decay",
-              "weight_decay " + num(o.weight_decay) +
-                  " is above 0.05: this "
-                  "much decoupled decay visibly shrinks weights; make sure it is intended");
-  }
   c.positive("optim.grad_clip", o.grad_clip);
   c.positive("optim.adaptive_clip_z", o.adaptive_clip_z);
 }

@@ -58,17 +58,19 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
     int64_t d = set_->document_at(w * T);
     bucket[w] = d >= 0 ? docs[d].cluster : 0;
   }
-  if (o.shrink_to_fit && windows < o.sampler.micro_batch * o.world_size &&
-      windows >= o.world_size) {
+  // What the log lines and errors call this data: its role, not the split's name (a
+  // data.val_path dataset without a val split is read from its train split).
+  const char* const role = o.validation ? "validation" : "train";
+  if (o.validation && windows < o.sampler.micro_batch * o.world_size && windows >= o.world_size) {
     // A small val split still evaluates: on fewer sequences per batch, the same ones every time.
     o.sampler.micro_batch = windows / o.world_size;
     log::info("data", "{} ({}): {} windows, fewer than a micro-batch: evaluating {} at a time",
-              o.dir, o.split, windows, o.sampler.micro_batch);
+              o.dir, role, windows, o.sampler.micro_batch);
   }
   order_ = std::make_unique<SampleOrder>(o.sampler, std::move(bucket));
   int64_t global_batch = o.sampler.micro_batch * o.world_size;
   if (order_->epoch_length() < global_batch)
-    throw DataError(o.dir + " (" + o.split + "): " + std::to_string(windows) + " windows of " +
+    throw DataError(o.dir + " (" + role + "): " + std::to_string(windows) + " windows of " +
                     std::to_string(T + 1) + " tokens give an epoch of " +
                     std::to_string(order_->epoch_length()) + " samples, fewer than one global " +
                     "micro-batch of " + std::to_string(global_batch) +
@@ -76,7 +78,7 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
   log::info("data",
             "{} ({}): {} tokens, {} documents, {} windows of {}+1 tokens, epoch {} "
             "samples, sampler {}",
-            o.dir, o.split, set_->num_tokens(), docs.size(), windows, T, order_->epoch_length(),
+            o.dir, role, set_->num_tokens(), docs.size(), windows, T, order_->epoch_length(),
             config::name_of(o.sampler.kind));
 }
 
@@ -366,7 +368,7 @@ std::unique_ptr<BatchSource> make_shard_source(const config::Config& cfg, int ra
   o.grad_accum_steps = cfg.data.grad_accum_steps;
   o.model_vocab_size = cfg.model.vocab_size;
   o.sampler.kind = validation ? config::Sampling::kSequential : cfg.data.sampling;
-  o.shrink_to_fit = validation;
+  o.validation = validation;
   o.sampler.seed = static_cast<uint64_t>(cfg.run.seed);
   o.sampler.micro_batch = cfg.data.micro_batch_size;
   o.sampler.buckets = cfg.data.buckets;

@@ -57,9 +57,10 @@ struct LoaderOptions {
   SamplerConfig sampler;
   config::LoaderConfig loader;
   std::vector<config::FaultSpec> faults;  // loader_stall / drop_samples are honoured
-  // Validation: a split with fewer windows than a global micro-batch serves smaller micro-batches
-  // instead of refusing.
-  bool shrink_to_fit = false;
+  // The run's validation data (data.val_path, or data.path's val split): its log lines and errors
+  // say "validation" whichever split it reads, and a split with fewer windows than a global
+  // micro-batch serves smaller micro-batches instead of refusing.
+  bool validation = false;
 };
 
 class ShardLoader : public BatchSource {

@@ -36,9 +36,10 @@ class GradReducer final : public ShardOwner {
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // The next backward pass is the step's last (gradient accumulation: only the final micro-step
-  // communicates): buckets start as they fill, unless `start_in_backward` is false (then all
-  // start in finish(), after whatever changes the gradients after the backward pass).
+  // The next backward pass reduces: the step's last without release_grads (ZeRO-0/1: only the
+  // final micro-step of gradient accumulation communicates), every one with it (ZeRO-2). Buckets
+  // start as they fill, unless `start_in_backward` is false (then all start in finish(), after
+  // whatever changes the gradients after the backward pass).
   // `accumulate` (releasing gradients): add this backward pass's mean into shard(b), not replace
   // it: every micro-step of a step but its first, under release_grads.
   void arm(bool start_in_backward = true, bool accumulate = false);

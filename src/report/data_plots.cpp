@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/event_kind.h"
 #include "report/plot_parts.h"
 
 namespace keel::report {
@@ -33,11 +34,11 @@ std::string lr_plot(const PlotContext& c) {
   std::vector<Window> windows;
   std::optional<Window> open;
   for (const Event* e : c.events) {
-    if (e->kind == "recovery_start") {
+    if (e->kind == name_of(EventKind::kRecoveryStart)) {
       if (open) windows.push_back({open->from, std::max(open->from, open->to), open->start});
       const double until = number_or(e->detail, "until_step", c.x_hi);
       open = Window{static_cast<double>(e->step), until, e};
-    } else if (e->kind == "recovery_end" && open) {
+    } else if (e->kind == name_of(EventKind::kRecoveryEnd) && open) {
       windows.push_back({open->from, static_cast<double>(e->step), open->start});
       open.reset();
     }
@@ -50,17 +51,17 @@ std::string lr_plot(const PlotContext& c) {
   draw_incident_rules(plot, c);
   draw_timeline(plot, lr, "#7048e8", "learning rate");
   draw_hover(plot, c, {{"lr", "lr"}, {"recovery", "recovering (1 = yes)"}});
-  draw_event_marks(plot, c, {"recovery_start", "recovery_end"}, [&](const Event& e) {
+  const auto lr_at = [&](const Event& e) {  // the kept lr logged nearest the event's step
     double best = kNaN, distance = std::numeric_limits<double>::infinity();
     for (const auto& p : lr.kept)
       if (std::abs(p.x - e.step) < distance) distance = std::abs(p.x - e.step), best = p.y;
     return best;
-  });
+  };
+  draw_event_marks(plot, c, {EventKind::kRecoveryStart, EventKind::kRecoveryEnd}, lr_at);
   std::vector<std::string> items = {svg::legend_line("#7048e8", 2, "") + "learning rate"};
   if (!windows.empty())
     items.push_back(svg::legend_swatch(kRecoveryColor, 0.3) + "recovery window");
-  add_marker_legends(items, c,
-                     {{"recovery_start", "recovery_start"}, {"recovery_end", "recovery_end"}});
+  add_marker_legends(items, c, {{EventKind::kRecoveryStart}, {EventKind::kRecoveryEnd}});
   return figure("Learning rate",
                 "The schedule's lr times the recovery overlay; shaded: the recovery windows after "
                 "a rollback (lr x stability.recovery.lr_factor).",

@@ -78,16 +78,21 @@ svg::Axis x_axis(const PlotContext& c);  // the steps, shared by every full-widt
 void draw_timeline(svg::Plot& plot, const Timeline& t, const std::string& color,
                    const std::string& name);
 void draw_incident_rules(svg::Plot& plot, const PlotContext& c);  // pauses and rollbacks
-void draw_event_marks(svg::Plot& plot, const PlotContext& c,
-                      std::initializer_list<const char*> kinds,
+void draw_event_marks(svg::Plot& plot, const PlotContext& c, std::initializer_list<EventKind> kinds,
                       const std::function<double(const Event&)>& value);
 void draw_hover(svg::Plot& plot, const PlotContext& c,
                 const std::vector<std::pair<std::string, std::string>>& keys);
 std::string legend(const std::vector<std::string>& items);
 std::string figure(const std::string& title, const std::string& caption,
                    const std::string& legend_html, const std::string& svg_text);
-std::string marker_legend(const char* kind, const std::string& text);
+std::string marker_legend(EventKind kind, const std::string& text);
+// A legend entry for an event kind a plot marks: the kind's name, then `note` in brackets.
+struct MarkerLegend {
+  EventKind kind;
+  const char* note = nullptr;
+};
+// The entries of the kinds on record; a kind the run never wrote gets none.
 void add_marker_legends(std::vector<std::string>& items, const PlotContext& c,
-                        std::initializer_list<std::pair<const char*, const char*>> kinds);
+                        std::initializer_list<MarkerLegend> kinds);
 
 }  // namespace keel::report::parts

@@ -25,35 +25,56 @@ using svg::Point;
 using svg::Shape;
 
 // The order is the event lanes' order, the guard's kinds first.
-const EventStyle kEventStyles[] = {
-    {"warn", Shape::kTriangleUp, "#e8a200",
-     "a signal crossed its warn threshold (grad norm over warn_factor x its median, a screen, the "
-     "clip rate); training goes on"},
-    {"screen", Shape::kCircle, "#0c8599",
-     "samples far above the per-sample loss baseline were masked out and quarantined"},
-    {"pause", Shape::kSquare, "#e03131",
-     "an alarm: the guard paused, then dropped the step (data) or rolled back (model)"},
-    {"skip_nan", Shape::kCross, "#212529", "a non-finite loss or gradient: the update was skipped"},
-    {"overflow", Shape::kCross, "#9c6644", "an fp16 overflow: the loss scaler skipped the update"},
-    {"rollback", Shape::kDiamond, "#7048e8",
-     "rolled back to the newest stable snapshot (the arrow goes from the step to its target)"},
-    {"recovery_start", Shape::kTriangleRight, "#2f9e44",
-     "recovery began: lr x recovery.lr_factor for recovery.steps"},
-    {"recovery_end", Shape::kTriangleLeft, "#2f9e44", "recovery ended: the schedule's lr again"},
-    {"incident_end", Shape::kCircle, "#66a80f", "an incident closed after enough clean updates"},
-    {"loader_wait", Shape::kTriangleUp, "#ae8a00", "the trainer waited for the data loader"},
-    {"abort", Shape::kCross, "#000000", "the run stopped itself (exit 3)"},
-    {"crash_loop", Shape::kCross, "#c92a2a", "two abnormal ends at the same step: a crash loop"},
-    {"interrupted", Shape::kCross, "#868e96", "SIGINT/SIGTERM: checkpointed and exited"},
-    {"resume", Shape::kTriangleRight, "#1c7ed6", "resumed from a checkpoint"},
-    {"stable_snapshot", Shape::kTick, "#1c7ed6", "a checkpoint promoted to stable"},
-    {"checkpoint", Shape::kTick, "#adb5bd", "a checkpoint was saved"},
-    {"checkpoint_cadence", Shape::kTick, "#ced4da", "the checkpoint cadence was measured"},
-    {"memory", Shape::kTick, "#ced4da", "the memory plan and the measured peak were recorded"},
-    {"run_start", Shape::kTriangleRight, "#868e96", "the process started"},
-    {"run_end", Shape::kTriangleLeft, "#868e96", "the run ended"},
+struct KindStyle {
+  EventKind kind;
+  EventStyle style;
 };
-const EventStyle kUnknownStyle{"", Shape::kCircle, "#adb5bd",
+const KindStyle kEventStyles[] = {
+    {EventKind::kWarn,
+     {Shape::kTriangleUp, "#e8a200",
+      "a signal crossed its warn threshold (grad norm over warn_factor x its median, a screen, the "
+      "clip rate); training goes on"}},
+    {EventKind::kScreen,
+     {Shape::kCircle, "#0c8599",
+      "samples far above the per-sample loss baseline were masked out and quarantined"}},
+    {EventKind::kPause,
+     {Shape::kSquare, "#e03131",
+      "an alarm: the guard paused, then dropped the step (data) or rolled back (model)"}},
+    {EventKind::kSkipNan,
+     {Shape::kCross, "#212529", "a non-finite loss or gradient: the update was skipped"}},
+    {EventKind::kOverflow,
+     {Shape::kCross, "#9c6644", "an fp16 overflow: the loss scaler skipped the update"}},
+    {EventKind::kRollback,
+     {Shape::kDiamond, "#7048e8",
+      "rolled back to the newest stable snapshot (the arrow goes from the step to its target)"}},
+    {EventKind::kRecoveryStart,
+     {Shape::kTriangleRight, "#2f9e44",
+      "recovery began: lr x recovery.lr_factor for recovery.steps"}},
+    {EventKind::kRecoveryEnd,
+     {Shape::kTriangleLeft, "#2f9e44", "recovery ended: the schedule's lr again"}},
+    {EventKind::kIncidentEnd,
+     {Shape::kCircle, "#66a80f", "an incident closed after enough clean updates"}},
+    {EventKind::kLoaderWait,
+     {Shape::kTriangleUp, "#ae8a00", "the trainer waited for the data loader"}},
+    {EventKind::kGradAccum,
+     {Shape::kTick, "#495057",
+      "dynamic accumulation changed the micro-batches per step (the lr follows the sqrt rule)"}},
+    {EventKind::kAbort, {Shape::kCross, "#000000", "the run stopped itself (exit 3)"}},
+    {EventKind::kCrashLoop,
+     {Shape::kCross, "#c92a2a", "two abnormal ends at the same step: a crash loop"}},
+    {EventKind::kInterrupted,
+     {Shape::kCross, "#868e96", "SIGINT/SIGTERM: checkpointed and exited"}},
+    {EventKind::kResume, {Shape::kTriangleRight, "#1c7ed6", "resumed from a checkpoint"}},
+    {EventKind::kStableSnapshot, {Shape::kTick, "#1c7ed6", "a checkpoint promoted to stable"}},
+    {EventKind::kCheckpoint, {Shape::kTick, "#adb5bd", "a checkpoint was saved"}},
+    {EventKind::kCheckpointCadence,
+     {Shape::kTick, "#ced4da", "the checkpoint cadence was measured"}},
+    {EventKind::kMemory,
+     {Shape::kTick, "#ced4da", "the memory plan and the measured peak were recorded"}},
+    {EventKind::kRunStart, {Shape::kTriangleRight, "#868e96", "the process started"}},
+    {EventKind::kRunEnd, {Shape::kTriangleLeft, "#868e96", "the run ended"}},
+};
+const EventStyle kUnknownStyle{Shape::kCircle, "#adb5bd",
                                "an event this keel report does not know"};
 
 using svg::escape;
@@ -143,7 +164,7 @@ std::string group_title(const EventGroup& g) {
 // x of an event: a rollback is drawn where it happened (from_step), not at the step it went to.
 double event_x(const Event& e) {
   const double step = static_cast<double>(e.step);
-  return e.kind == "rollback" ? number_or(e.detail, "from_step", step) : step;
+  return e.kind == name_of(EventKind::kRollback) ? number_or(e.detail, "from_step", step) : step;
 }
 
 std::vector<EventGroup> group_events(const std::vector<const Event*>& events, double x_lo,
@@ -215,16 +236,16 @@ void draw_timeline(svg::Plot& plot, const Timeline& t, const std::string& color,
 
 // Faint vertical rules where the guard paused or rolled back, on every plot.
 void draw_incident_rules(svg::Plot& plot, const PlotContext& c) {
-  for (const auto& g : group_events(c.of_kind({"pause", "rollback"}), c.x_lo, c.x_hi, nullptr))
+  for (const auto& g :
+       group_events(c.of_kind({EventKind::kPause, EventKind::kRollback}), c.x_lo, c.x_hi, nullptr))
     plot.x_rule(g.x, style_of(g.events.front()->kind).color, 0.35, group_title(g));
 }
 
 // Markers of `kinds` at the value each event's detail holds (its loss, its grad norm), clamped to
 // the frame; an event without that value sits at the top edge.
-void draw_event_marks(svg::Plot& plot, const PlotContext& c,
-                      std::initializer_list<const char*> kinds,
+void draw_event_marks(svg::Plot& plot, const PlotContext& c, std::initializer_list<EventKind> kinds,
                       const std::function<double(const Event&)>& value) {
-  for (const char* kind : kinds) {
+  for (const EventKind kind : kinds) {
     const EventStyle& s = style_of(kind);
     for (const auto& g : group_events(c.of_kind({kind}), c.x_lo, c.x_hi, value))
       plot.mark(s.shape, s.color, g.x, g.value, kMarkSize, group_title(g));
@@ -275,16 +296,18 @@ std::string figure(const std::string& title, const std::string& caption,
   return out + legend_html + svg_text + "</figure>\n";
 }
 
-std::string marker_legend(const char* kind, const std::string& text) {
+std::string marker_legend(EventKind kind, const std::string& text) {
   const EventStyle& s = style_of(kind);
   return svg::legend_marker(s.shape, s.color) + escape(text);
 }
 
 // The legend entries of the event kinds a plot marks, for those on record.
 void add_marker_legends(std::vector<std::string>& items, const PlotContext& c,
-                        std::initializer_list<std::pair<const char*, const char*>> kinds) {
-  for (const auto& [kind, text] : kinds)
-    if (!c.of_kind({kind}).empty()) items.push_back(marker_legend(kind, text));
+                        std::initializer_list<MarkerLegend> kinds) {
+  for (const auto& [kind, note] : kinds)
+    if (!c.of_kind({kind}).empty())
+      items.push_back(marker_legend(
+          kind, note ? fmt::format("{} ({})", name_of(kind), note) : std::string(name_of(kind))));
 }
 
 }  // namespace parts
@@ -301,9 +324,15 @@ std::string text_or(const json& j, const char* key, const std::string& fallback)
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
+const EventStyle& style_of(EventKind kind) {
+  for (const auto& s : kEventStyles)
+    if (s.kind == kind) return s.style;
+  return kUnknownStyle;
+}
+
 const EventStyle& style_of(const std::string& kind) {
   for (const auto& s : kEventStyles)
-    if (kind == s.kind) return s;
+    if (kind == name_of(s.kind)) return s.style;
   return kUnknownStyle;
 }
 
@@ -324,21 +353,23 @@ PlotContext::PlotContext(const RunRecord& r) : run(r) {
   x_hi = !x.empty() && x.hi > x_lo ? x.hi : x_lo + 1;
 }
 
-std::vector<const Event*> PlotContext::of_kind(std::initializer_list<const char*> kinds) const {
+std::vector<const Event*> PlotContext::of_kind(std::initializer_list<EventKind> kinds) const {
   std::vector<const Event*> out;
   for (const Event* e : events)
-    for (const char* k : kinds)
-      if (e->kind == k) out.push_back(e);
+    for (const EventKind k : kinds)
+      if (e->kind == name_of(k)) out.push_back(e);
   return out;
 }
 
 std::vector<std::string> PlotContext::kinds() const {
+  std::set<std::string> on_record;
+  for (const Event* e : events) on_record.insert(e->kind);
   std::vector<std::string> kinds;
   for (const auto& s : kEventStyles)
-    if (!of_kind({s.kind}).empty()) kinds.push_back(s.kind);
-  std::set<std::string> seen(kinds.begin(), kinds.end());
+    if (on_record.erase(name_of(s.kind))) kinds.push_back(name_of(s.kind));
+  // The others in the order they first appear: erased once listed.
   for (const Event* e : events)
-    if (seen.insert(e->kind).second) kinds.push_back(e->kind);
+    if (on_record.erase(e->kind)) kinds.push_back(e->kind);
   return kinds;
 }
 
@@ -357,7 +388,7 @@ std::string events_plot(const PlotContext& c) {
     for (const Event* e : c.events)
       if (e->kind == kind) of_kind.push_back(e);
     plot.lane_label(lane, lanes, kind);
-    if (kind == "rollback")
+    if (kind == name_of(EventKind::kRollback))
       for (const Event* e : of_kind)
         plot.lane_arrow(lane, lanes, event_x(*e), static_cast<double>(e->step), s.color,
                         describe(*e));
@@ -401,7 +432,8 @@ std::string loss_plot(const PlotContext& c) {
   for (const auto& piece : loss.abandoned)
     for (const auto& p : piece)
       if (p.y <= cap) r.add(p.y);
-  for (const Event* e : c.of_kind({"warn", "pause", "skip_nan", "screen"}))
+  for (const Event* e :
+       c.of_kind({EventKind::kWarn, EventKind::kPause, EventKind::kSkipNan, EventKind::kScreen}))
     if (event_loss(*e) <= cap) r.add(event_loss(*e));
   svg::Plot plot("plot-loss", kWidth, 300, x_axis(c), r.axis(false, "loss"), kLeft);
   draw_incident_rules(plot, c);
@@ -422,17 +454,19 @@ std::string loss_plot(const PlotContext& c) {
     }
   }
   draw_hover(plot, c, {{"loss", "loss"}, {"sample_loss.max", "worst sample"}});
-  draw_event_marks(plot, c, {"screen", "warn", "skip_nan", "pause"}, event_loss);
+  draw_event_marks(plot, c,
+                   {EventKind::kScreen, EventKind::kWarn, EventKind::kSkipNan, EventKind::kPause},
+                   event_loss);
   std::vector<std::string> items = {svg::legend_line(kTrainColor, 2, "") + "train loss"};
   if (!loss.abandoned.empty())
     items.push_back(svg::legend_line(kAbandonedColor, 2, "4 3") + "abandoned timeline");
   if (!val.empty()) items.push_back(svg::legend_line(kValColor, 2, "") + "val loss");
   if (floor) items.push_back(svg::legend_line(kFloorColor, 2, "6 4") + "loss floor");
   add_marker_legends(items, c,
-                     {{"warn", "warn"},
-                      {"screen", "screen (worst sample)"},
-                      {"pause", "pause"},
-                      {"skip_nan", "skip_nan"}});
+                     {{EventKind::kWarn},
+                      {EventKind::kScreen, "worst sample"},
+                      {EventKind::kPause},
+                      {EventKind::kSkipNan}});
   std::string caption =
       "Train loss as logged (metrics.jsonl), val loss (eval.jsonl). Markers sit at the loss the "
       "event measured, which a logged step may not show; vertical rules mark pauses and rollbacks.";
@@ -453,7 +487,8 @@ std::string grad_norm_plot(const PlotContext& c) {
   r.add(norm.kept, true);
   for (const auto& p : norm.abandoned) r.add(p, true);
   r.add(median.kept, true);
-  for (const Event* e : c.of_kind({"warn", "pause"})) r.add(event_norm(*e), true);
+  for (const Event* e : c.of_kind({EventKind::kWarn, EventKind::kPause}))
+    r.add(event_norm(*e), true);
   const std::vector<Point> m = svg::downsample_min_max(median.kept, kBuckets);
   if (run.guard_enabled)
     for (const auto& p : m) r.add(p.y * run.pause_factor * 1.5, true);
@@ -490,12 +525,14 @@ std::string grad_norm_plot(const PlotContext& c) {
               {"grad_norm_median", "median"},
               {"clip_rate", "clip rate"},
               {"clip_bound", "clip bound"}});
-  draw_event_marks(plot, c, {"warn", "skip_nan", "overflow", "pause"}, event_norm);
+  draw_event_marks(plot, c,
+                   {EventKind::kWarn, EventKind::kSkipNan, EventKind::kOverflow, EventKind::kPause},
+                   event_norm);
   add_marker_legends(items, c,
-                     {{"warn", "warn"},
-                      {"pause", "pause"},
-                      {"skip_nan", "skip_nan (at the top: no finite norm)"},
-                      {"overflow", "overflow"}});
+                     {{EventKind::kWarn},
+                      {EventKind::kPause},
+                      {EventKind::kSkipNan, "at the top: no finite norm"},
+                      {EventKind::kOverflow}});
   std::string caption =
       "Global gradient L2 norm (log scale) against the guard's running median. A norm in the "
       "amber band warns; in the red band it alarms. Markers sit at the norm the event measured.";

@@ -6,20 +6,22 @@
 #include <string>
 #include <vector>
 
+#include "common/event_kind.h"
 #include "report/report.h"
 #include "report/svg.h"
 
 namespace keel::report {
 
-// Every event kind of the contract (docs/DESIGN.md): its marker, and what it means (the legend's
-// tooltip).
+// An event kind's marker, and what it means (the legend's tooltip). Every kind of the contract
+// (common/event_kind.h) has its own; a kind this keel does not know, from another version's run
+// directory, gets a grey circle.
 struct EventStyle {
-  const char* kind;
   svg::Shape shape;
   const char* color;
   const char* meaning;
 };
-const EventStyle& style_of(const std::string& kind);
+const EventStyle& style_of(EventKind kind);
+const EventStyle& style_of(const std::string& kind);  // a name as events.jsonl carries it
 
 // A field of an event's detail (or any object), or `fallback` when it is absent or of another
 // type: a run directory of another keel version, or edited by hand, never makes the report throw.
@@ -38,7 +40,7 @@ struct PlotContext {
   double x_lo = 0, x_hi = 1;
   std::vector<const Event*> events;  // run.events, in file order
 
-  std::vector<const Event*> of_kind(std::initializer_list<const char*> kinds) const;
+  std::vector<const Event*> of_kind(std::initializer_list<EventKind> kinds) const;
   // The kinds on record: the contract's in a fixed order (the guard's first), then any others.
   std::vector<std::string> kinds() const;
 };

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "common/event_kind.h"
 #include "report/plots.h"
 #include "report/report.h"
 #include "report/svg.h"
@@ -169,7 +170,7 @@ std::string incidents_section(const PlotContext& c) {
   }
   // Quarantine and screens.
   int64_t screens = 0, masked = 0;
-  for (const Event* e : c.of_kind({"screen"})) {
+  for (const Event* e : c.of_kind({EventKind::kScreen})) {
     ++screens;
     masked += static_cast<int64_t>(number_or(e->detail, "masked", 0));
   }
@@ -182,8 +183,8 @@ std::string incidents_section(const PlotContext& c) {
       out += fmt::format(" <span class=\"pill\">{} {}</span>", escape(reason), n);
   }
   if (screens > 0)
-    out += fmt::format("<br>The screen masked {} samples in {} steps (events <i>screen</i>).",
-                       masked, screens);
+    out += fmt::format("<br>The screen masked {} samples in {} steps (events <i>{}</i>).", masked,
+                       screens, name_of(EventKind::kScreen));
   out += "</p>\n";
   if (!run.quarantine_first.empty()) {
     out += fmt::format(
@@ -371,10 +372,11 @@ std::string header(const PlotContext& c, const std::optional<json>& start, const
   std::map<std::string, int64_t> counts;
   for (const Event* e : c.events) ++counts[e->kind];
   std::string others;
-  for (const char* kind : {"warn", "screen", "skip_nan", "overflow"})
-    if (counts[kind] > 0)
+  for (const EventKind k :
+       {EventKind::kWarn, EventKind::kScreen, EventKind::kSkipNan, EventKind::kOverflow})
+    if (const char* kind = name_of(k); counts[kind] > 0)
       others += fmt::format("{}{} {}", others.empty() ? "" : ", ", counts[kind], kind);
-  out += card("pauses", std::to_string(counts["pause"]), others);
+  out += card("pauses", std::to_string(counts[name_of(EventKind::kPause)]), others);
   std::optional<double> wall;
   if (end && std::isfinite(number_or(end->detail, "seconds", kNaN)))
     wall = number_or(end->detail, "seconds", kNaN);
@@ -468,8 +470,8 @@ std::string render_html(const RunRecord& run) {
   std::optional<json> start;  // the newest start's detail: device, parameters, world size
   const Event* end = nullptr;
   for (const Event* e : c.events) {
-    if (e->kind == "run_start") start = e->detail;
-    if (e->kind == "run_end") end = e;
+    if (e->kind == name_of(EventKind::kRunStart)) start = e->detail;
+    if (e->kind == name_of(EventKind::kRunEnd)) end = e;
   }
   const std::string* name = run.config_value("run.name");
   std::string out =

@@ -15,7 +15,9 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/event_kind.h"
 #include "common/paths.h"
+#include "common/quarantine_reason.h"
 #include "report/report.h"
 #include "report/svg.h"
 
@@ -285,8 +287,8 @@ void build_incidents(RunRecord& run) {
   };
   for (const Event& e : run.events) {
     const json& d = e.detail;
-    if (e.kind == "warn" && d.contains("alarm")) last_alarm = &e;
-    if (e.kind == "pause") {
+    if (e.kind == name_of(EventKind::kWarn) && d.contains("alarm")) last_alarm = &e;
+    if (e.kind == name_of(EventKind::kPause)) {
       const auto id = integer(d, "incident");
       if (!id) continue;
       const bool fresh = by_id.find(*id) == by_id.end();
@@ -317,7 +319,7 @@ void build_incidents(RunRecord& run) {
           inc.forensics.push_back(i);
           break;
         }
-    } else if (e.kind == "rollback") {
+    } else if (e.kind == name_of(EventKind::kRollback)) {
       const auto id = integer(d, "incident");
       if (!id) continue;
       Incident& inc = incident(*id, e);
@@ -329,7 +331,7 @@ void build_incidents(RunRecord& run) {
         r.set_aside = integer(*q, "samples");
       inc.steps_redone += std::max<int64_t>(0, r.from_step - r.to_step);
       inc.rollbacks.push_back(std::move(r));
-    } else if (e.kind == "incident_end") {
+    } else if (e.kind == name_of(EventKind::kIncidentEnd)) {
       const auto id = integer(d, "id");
       if (!id) continue;
       Incident& inc = incident(*id, e);
@@ -356,7 +358,7 @@ void read_quarantine(const fs::path& path, RunRecord& run) {
   std::map<int64_t, size_t> index_of;     // incident id → index
   for (size_t i = 0; i < run.incidents.size(); ++i) index_of[run.incidents[i].id] = i;
   for (const Event& e : run.events)
-    if (e.kind == "rollback" && e.iteration >= 0)
+    if (e.kind == name_of(EventKind::kRollback) && e.iteration >= 0)
       if (const auto id = integer(e.detail, "incident"); id && index_of.count(*id))
         rollback_at[e.iteration] = index_of[*id];
   read_jsonl(
@@ -372,7 +374,7 @@ void read_quarantine(const fs::path& path, RunRecord& run) {
         if (const auto id = integer(j, "incident"); id && index_of.count(*id))
           owner = index_of[*id];
         else if (const auto it = rollback_at.find(integer(j, "iteration").value_or(-2));
-                 reason == "rollback" && it != rollback_at.end())
+                 reason == name_of(QuarantineReason::kRollback) && it != rollback_at.end())
           owner = it->second;
         if (owner) ++run.incidents[*owner].quarantined;
         return true;
@@ -437,9 +439,9 @@ void read_status(const fs::path& dir, RunRecord& run) {
     // No start log (an older keel, or a copied directory): the events say how it ended.
     s.state = "unknown";
     for (const Event& e : run.events) {
-      if (e.kind == "run_end") s.state = "finished";
-      if (e.kind == "abort") s.state = "stopped";
-      if (e.kind == "interrupted") s.state = "interrupted";
+      if (e.kind == name_of(EventKind::kRunEnd)) s.state = "finished";
+      if (e.kind == name_of(EventKind::kAbort)) s.state = "stopped";
+      if (e.kind == name_of(EventKind::kInterrupted)) s.state = "interrupted";
     }
     if (!found) run.notes.push_back("no starts.jsonl: the run's status is read from its events");
   }

@@ -36,9 +36,7 @@ double cosine_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t step
 double three_phase_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t step,
                       int64_t max_steps, int64_t warmup) {
   if (step < warmup) return warmup_lr(peak_lr, step, warmup);
-  const auto decay =
-      static_cast<int64_t>(std::llround(cfg.phases.decay * static_cast<double>(max_steps)));
-  const int64_t decay_begin = std::clamp<int64_t>(max_steps - decay, warmup, max_steps);
+  const int64_t decay_begin = decay_start(cfg, max_steps);
   if (step < decay_begin) return peak_lr;
   return peak_lr * std::pow(cfg.min_lr_ratio, progress(step, decay_begin, max_steps));
 }
@@ -47,6 +45,12 @@ double three_phase_lr(const config::ScheduleConfig& cfg, double peak_lr, int64_t
 
 int64_t warmup_steps(const config::ScheduleConfig& cfg, int64_t max_steps) {
   return config::warmup_steps(cfg, max_steps);
+}
+
+int64_t decay_start(const config::ScheduleConfig& cfg, int64_t max_steps) {
+  const auto decay =
+      static_cast<int64_t>(std::llround(cfg.phases.decay * static_cast<double>(max_steps)));
+  return std::clamp<int64_t>(max_steps - decay, schedule::warmup_steps(cfg, max_steps), max_steps);
 }
 
 double lr_at(const config::ScheduleConfig& cfg, double peak_lr, int64_t step, int64_t max_steps) {

@@ -21,4 +21,8 @@ double lr_at(const config::ScheduleConfig& cfg, double peak_lr, int64_t step, in
 // Number of warmup steps the schedule actually uses for these settings.
 int64_t warmup_steps(const config::ScheduleConfig& cfg, int64_t max_steps);
 
+// three_phase: the 0-based step at which the decay phase begins (the steps before it, after the
+// warmup, stay at the peak); max_steps when there is no decay phase.
+int64_t decay_start(const config::ScheduleConfig& cfg, int64_t max_steps);
+
 }  // namespace keel::schedule

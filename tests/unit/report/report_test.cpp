@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "report/plots.h"
 #include "report/svg.h"
 #include "scratch_dir.h"
 
@@ -282,6 +283,17 @@ TEST(RenderHtml, ALongRunIsDownsampledAndKeepsItsSpike) {
   EXPECT_NE(html.find("<title>train loss (50000 logged steps"), std::string::npos);
   // The spike sets the loss axis: 77 is within the frame's ticks.
   EXPECT_NE(html.find(">80</text>"), std::string::npos);
+}
+
+// Every kind of event the trainer writes has its own marker and meaning on the page, not the grey
+// circle of a kind from another keel version.
+TEST(EventStyles, EveryEventKindHasItsOwn) {
+  const char* unknown = style_of("no_such_kind").meaning;
+  for (int k = 0; k <= static_cast<int>(kLastEventKind); ++k) {
+    const auto kind = static_cast<EventKind>(k);
+    EXPECT_STRNE(style_of(kind).meaning, unknown) << name_of(kind);
+    EXPECT_STREQ(style_of(std::string(name_of(kind))).meaning, style_of(kind).meaning);
+  }
 }
 
 TEST(Svg, DownsamplingKeepsEveryBucketsExtremes) {

@@ -83,6 +83,10 @@ TEST(ScheduleTest, ThreePhaseDecayFractionIsRead) {
   auto cfg = make("three_phase", config::kAuto);
   cfg.phases = {0.1, 0.4, 0.5};
   expect_points(cfg, 1.0, 100, {{49, 1.0}, {50, 1.0}, {75, std::sqrt(0.1)}, {100, 0.1}});
+  EXPECT_EQ(schedule::decay_start(cfg, 100), 50);
+  cfg.phases = {0.1, 0.9, 0.0};  // no decay phase: the peak to the end
+  EXPECT_EQ(schedule::decay_start(cfg, 100), 100);
+  expect_points(cfg, 1.0, 100, {{99, 1.0}});
 }
 
 TEST(ScheduleTest, AutoWarmupIsATenthOfTheRunUpTo2000Steps) {
