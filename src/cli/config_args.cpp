@@ -26,9 +26,8 @@ config::LoadedConfig load(const ConfigArgs& args) {
 }
 
 std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
-                                      const config::ValidateOptions& options) {
+                                      config::ValidateOptions& opts) {
   auto diagnostics = loaded.diagnostics;
-  config::ValidateOptions opts = options;
   const auto source = loaded.config.data.source;
   try {
     if (source == config::DataSource::kShards && !opts.data_vocab_size)
@@ -50,11 +49,9 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
   return diagnostics;
 }
 
-config::Config resolved(const config::LoadedConfig& loaded) {
-  std::optional<int64_t> data_vocab;
-  if (loaded.config.data.source == config::DataSource::kShards)
-    data_vocab = data::shard_vocab_size(loaded.config.data.path);
-  return config::resolve_auto(loaded.config, data_vocab);
+config::Config resolved(const config::LoadedConfig& loaded,
+                        std::optional<int64_t> data_vocab_size) {
+  return config::resolve_auto(loaded.config, data_vocab_size);
 }
 
 int print_diagnostics(const std::vector<config::Diagnostic>& diagnostics) {

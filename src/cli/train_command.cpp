@@ -66,7 +66,7 @@ void register_train(CLI::App& app, int& exit_code) {
           (env.world_size > 1 ? " --world-size " + std::to_string(env.world_size) : std::string()) +
           "` for the list");
 
-    const config::Config cfg = resolved(loaded);
+    const config::Config cfg = resolved(loaded, validate_options.data_vocab_size);
     if (!options->init_from.empty()) checkpoint::check_hf_config(options->init_from, cfg.model);
     options->local_rank = env.local_rank;
     const auto comm = distributed::make_process_group(

@@ -75,7 +75,7 @@ int run_validate(const ValidateFlags& f) {
               << (errors == 1 ? " error" : " errors") << "\n";
     return 2;
   }
-  const config::Config cfg = resolved(loaded);
+  const config::Config cfg = resolved(loaded, options.data_vocab_size);
   const auto plan_opts = plan_options(cfg, f.world);
   const auto plan = model::plan_memory(cfg, plan_opts);
   if (refuse_memory(cfg, loaded, plan_opts, plan, f.device_memory)) return 2;  // before any output

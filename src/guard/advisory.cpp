@@ -67,12 +67,19 @@ void Guard::watch_screen(const StepSignals& s, Decision& d) {
   d.events.back().about_screened_samples = true;
 }
 
+// What became of the low side's samples, for its warnings.
+std::string Guard::low_side_fate() const {
+  return cfg_.screen.low == config::LowScreen::kQuarantine
+             ? "They were left out of the update and set aside in quarantine.jsonl"
+             : "As repeats they were left in (stability.screen.low: warn; quarantine masks them)";
+}
+
 void Guard::watch_repeats(const StepSignals& s, Decision& d) {
-  const bool quarantine = cfg_.screen.low == config::LowScreen::kQuarantine;
-  const std::string fate = quarantine ? "They were left out of the update and set aside in "
-                                        "quarantine.jsonl"
-                                      : "As repeats they were left in (stability.screen.low: "
-                                        "warn; quarantine masks them)";
+  watch_repeated_ids(s, d);
+  watch_low_losses(s, d);
+}
+
+void Guard::watch_repeated_ids(const StepSignals& s, Decision& d) {
   repeat_tail_.push(static_cast<double>(s.repeated), static_cast<double>(s.samples),
                     /*learn=*/false);
   const auto repeated_recently = static_cast<int64_t>(repeat_tail_.recent_count());
@@ -91,9 +98,12 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                      "other ids: the same documents coming back. {}. Look at where the named "
                      "samples and the ones they repeat come from: a shard listed twice, a corpus "
                      "never deduplicated, a loader that wraps early",
-                     s.repeated, s.samples, fate)});
+                     s.repeated, s.samples, low_side_fate())});
     d.events.back().about_low_samples = true;
   }
+}
+
+void Guard::watch_low_losses(const StepSignals& s, Decision& d) {
   if (!s.low_threshold) return;
   // While the lr ramps up the loss falls fast and the baseline lags behind it: not counted.
   const bool past_warmup = s.step >= warmup_steps_;
@@ -128,7 +138,7 @@ void Guard::watch_repeats(const StepSignals& s, Decision& d) {
                    "tail explains: memorised or repeated documents. {}. Look at the named "
                    "samples' sources for near-duplicates",
                    low_recently, low_tail_.recent_steps(), *s.low_threshold,
-                   *s.low_threshold / median, median, lowest, tail_allowance, fate)});
+                   *s.low_threshold / median, median, lowest, tail_allowance, low_side_fate())});
   d.events.back().about_low_samples = true;
 }
 
@@ -155,14 +165,22 @@ void Guard::watch_periodicity(const StepSignals& s, Decision& d) {
   d.events.back().about_low_samples = true;
 }
 
+// The rate signals (clip rate, fp16 loss scale) warn at most once per median_window steps.
+bool Guard::rate_may_warn(int64_t step) const {
+  return last_rate_warn_step_ < 0 || step - last_rate_warn_step_ >= cfg_.median_window;
+}
+
+void Guard::rate_warn(int64_t step, Decision& d, nlohmann::json detail, std::string message) {
+  d.events.push_back({EventKind::kWarn, std::move(detail), std::move(message)});
+  last_rate_warn_step_ = step;
+}
+
 void Guard::watch_rates(const StepSignals& s, Decision& d) {
-  const auto may_warn = [&] {
-    return last_rate_warn_step_ < 0 || s.step - last_rate_warn_step_ >= cfg_.median_window;
-  };
-  auto warn = [&](nlohmann::json detail, std::string message) {
-    d.events.push_back({EventKind::kWarn, std::move(detail), std::move(message)});
-    last_rate_warn_step_ = s.step;
-  };
+  watch_clip_rate(s, d);
+  watch_loss_scale(s, d);
+}
+
+void Guard::watch_clip_rate(const StepSignals& s, Decision& d) {
   // Clipping fires often while the lr ramps up, by design: only steps after the warmup teach the
   // run's clip rate, and the newest window is judged once a whole window has taught it.
   const double p = cfg_.clip_rate_warn;
@@ -170,26 +188,31 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
   const double bound = p + kRateZ * std::sqrt(p * (1.0 - p) / window);
   const auto clipped = static_cast<int64_t>(clip_tail_.recent_count());
   const int64_t allowance = clip_tail_.allowance(static_cast<int64_t>(bound * window));
-  if (!s.overflow && may_warn() && clip_tail_.learned() &&
+  if (!s.overflow && rate_may_warn(s.step) && clip_tail_.learned() &&
       clip_tail_.recent_steps() >= cfg_.median_window && clipped > allowance) {
     const double rate = static_cast<double>(clipped) / window;
     last_clip_warn_step_ = s.step;
     clip_tail_.forget_recent();
-    warn({{"signal", "clip_rate"},
-          {"clip_rate", rate},
-          {"window", cfg_.median_window},
-          {"threshold", cfg_.clip_rate_warn},
-          {"bound", bound},
-          {"learned_rate", clip_tail_.rate()},
-          {"allowance", allowance}},
-         fmt::format("gradient clipping fired on {} of the last {} steps, more than the {} that "
-                     "stability.clip_rate_warn {:.0f} % and this run's own clip rate since warmup "
-                     "({:.0f} %) explain: look at the data (a bad region raises every norm) or the "
-                     "schedule (lr too high for this batch); raising optim.grad_clip only hides it",
-                     clipped, cfg_.median_window, allowance, p * 100, clip_tail_.rate() * 100));
+    rate_warn(
+        s.step, d,
+        {{"signal", "clip_rate"},
+         {"clip_rate", rate},
+         {"window", cfg_.median_window},
+         {"threshold", cfg_.clip_rate_warn},
+         {"bound", bound},
+         {"learned_rate", clip_tail_.rate()},
+         {"allowance", allowance}},
+        fmt::format("gradient clipping fired on {} of the last {} steps, more than the {} that "
+                    "stability.clip_rate_warn {:.0f} % and this run's own clip rate since warmup "
+                    "({:.0f} %) explain: look at the data (a bad region raises every norm) or the "
+                    "schedule (lr too high for this batch); raising optim.grad_clip only hides it",
+                    clipped, cfg_.median_window, allowance, p * 100, clip_tail_.rate() * 100));
   }
-  // fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
-  // mean the gradients keep leaving fp16's range.
+}
+
+// fp16: overflows at start-up calibrate the scale; after the first update, repeated overflows
+// mean the gradients keep leaving fp16's range.
+void Guard::watch_loss_scale(const StepSignals& s, Decision& d) {
   if (!s.loss_scale) return;
   last_loss_scale_ = s.loss_scale;
   if (applied_any_ && *s.loss_scale > 0) scale_log2_.push(std::log2(*s.loss_scale));
@@ -197,29 +220,33 @@ void Guard::watch_rates(const StepSignals& s, Decision& d) {
   // A decline fitted over the whole window: single drops far apart, which the count below never
   // sees, add up to a trend.
   const double decline = scale_log2_.slope() * static_cast<double>(scale_log2_.size() - 1);
-  if (may_warn() && scale_log2_.size() >= scale_log2_.capacity() &&
+  if (rate_may_warn(s.step) && scale_log2_.size() >= scale_log2_.capacity() &&
       decline <= -kScaleTrendHalvings && drops < kScaleDropsWarn) {
-    warn({{"signal", "loss_scale_trend"},
-          {"loss_scale", *s.loss_scale},
-          {"halvings", -decline},
-          {"window", scale_log2_.size()}},
-         fmt::format("the fp16 loss scale has been falling: {:.1f} halvings over the last {} "
-                     "steps (now {}), the gradients growing toward fp16's limit a little at a "
-                     "time; look at growing activations or weights (z-loss, qk_norm, weight decay) "
-                     "before they overflow for good; bf16 has the range fp16 lacks",
-                     -decline, scale_log2_.size(), *s.loss_scale));
+    rate_warn(
+        s.step, d,
+        {{"signal", "loss_scale_trend"},
+         {"loss_scale", *s.loss_scale},
+         {"halvings", -decline},
+         {"window", scale_log2_.size()}},
+        fmt::format("the fp16 loss scale has been falling: {:.1f} halvings over the last {} "
+                    "steps (now {}), the gradients growing toward fp16's limit a little at a "
+                    "time; look at growing activations or weights (z-loss, qk_norm, weight decay) "
+                    "before they overflow for good; bf16 has the range fp16 lacks",
+                    -decline, scale_log2_.size(), *s.loss_scale));
     return;
   }
-  if (may_warn() && drops >= kScaleDropsWarn)
-    warn({{"signal", "loss_scale"},
-          {"loss_scale", *s.loss_scale},
-          {"drops", drops},
-          {"window", cfg_.median_window}},
-         fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
-                     "gradients keep overflowing fp16; do not just lower the lr: look at the "
-                     "data first (a bad region raises gradients), then at growing activations; "
-                     "bf16 has the range fp16 lacks",
-                     drops, cfg_.median_window, *s.loss_scale));
+  if (rate_may_warn(s.step) && drops >= kScaleDropsWarn)
+    rate_warn(
+        s.step, d,
+        {{"signal", "loss_scale"},
+         {"loss_scale", *s.loss_scale},
+         {"drops", drops},
+         {"window", cfg_.median_window}},
+        fmt::format("the fp16 loss scale dropped {:.0f} times in the last {} steps (now {}): "
+                    "gradients keep overflowing fp16; do not just lower the lr: look at the "
+                    "data first (a bad region raises gradients), then at growing activations; "
+                    "bf16 has the range fp16 lacks",
+                    drops, cfg_.median_window, *s.loss_scale));
 }
 
 std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
@@ -228,30 +255,41 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
   std::vector<GuardEvent> events;
   // While the lr ramps up, update ratios and activation statistics move by design: the trend
   // follows them, nothing warns.
+  const bool may_warn =
+      step > warmup_steps_ &&
+      (last_periodic_warn_step_ < 0 || step - last_periodic_warn_step_ >= cfg_.median_window);
+  watch_update_ratios(step, update_ratios, may_warn, events);
+  watch_attention(step, attention_std, may_warn && events.empty(), events);
+  return events;
+}
+
+void Guard::watch_update_ratios(int64_t step, const std::vector<double>& update_ratios,
+                                bool may_warn, std::vector<GuardEvent>& events) {
+  for (size_t i = 0; may_warn && i < update_ratios.size(); ++i) {
+    // Advisory: a large update ratio says the lr is high for these weights; it does not block
+    // stable promotion the way a gradient or loss alarm does.
+    if (update_ratios[i] <= cfg_.update_ratio_alarm) continue;
+    last_periodic_warn_step_ = step;
+    const std::string layer = i < layer_names_.size() ? layer_names_[i] : "";
+    events.push_back({EventKind::kWarn,
+                      {{"signal", "update_ratio"},
+                       {"layer", layer},
+                       {"update_ratio", update_ratios[i]},
+                       {"threshold", cfg_.update_ratio_alarm}},
+                      fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
+                                  "{:.1f} %): the lr is high for these weights; look at the "
+                                  "schedule",
+                                  layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)});
+    return;
+  }
+}
+
+void Guard::watch_attention(int64_t step, const std::vector<double>& attention_std, bool may_warn,
+                            std::vector<GuardEvent>& events) {
   const bool past_warmup = step > warmup_steps_;
-  const bool may_warn = past_warmup && (last_periodic_warn_step_ < 0 ||
-                                        step - last_periodic_warn_step_ >= cfg_.median_window);
   // The attention trend settles for a window after the ramp (measured: a clean text run's
   // attention output still jumped 4x its trend 20 steps after a 40-step warmup).
   const bool drift_settled = step > warmup_steps_ + cfg_.median_window;
-  for (size_t i = 0; i < update_ratios.size(); ++i) {
-    // Advisory: a large update ratio says the lr is high for these weights; it does not block
-    // stable promotion the way a gradient or loss alarm does.
-    if (may_warn && update_ratios[i] > cfg_.update_ratio_alarm) {
-      last_periodic_warn_step_ = step;
-      const std::string layer = i < layer_names_.size() ? layer_names_[i] : "";
-      events.push_back({EventKind::kWarn,
-                        {{"signal", "update_ratio"},
-                         {"layer", layer},
-                         {"update_ratio", update_ratios[i]},
-                         {"threshold", cfg_.update_ratio_alarm}},
-                        fmt::format("one update changed {} by {:.1f} % of its norm (warns above "
-                                    "{:.1f} %): the lr is high for these weights; look at the "
-                                    "schedule",
-                                    layer, update_ratios[i] * 100, cfg_.update_ratio_alarm * 100)});
-      break;
-    }
-  }
   if (attention_trend_.size() != attention_std.size()) {
     attention_trend_.assign(attention_std.size(), std::numeric_limits<double>::quiet_NaN());
     attention_drifting_.assign(attention_std.size(), 0);
@@ -292,7 +330,6 @@ std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
     }
     trend += kAttentionTrendWeight * (value - trend);
   }
-  return events;
 }
 
 }  // namespace keel::guard

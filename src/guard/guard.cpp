@@ -188,7 +188,6 @@ Decision Guard::resolve(Decision d, double model_ratio) {
   detail["model_vs_snapshot"] =
       std::isfinite(model_ratio) ? nlohmann::json(model_ratio) : nlohmann::json(nullptr);
   detail["diagnosis"] = model_worse ? "model" : "data";
-  Incident& incident = *open_;
   const double loss_median = losses_.median();
   const bool norm_only = detail.value("reason", "") == "grad_norm" && loss_median > 0 &&
                          s.loss <= kNormalLossRatio * loss_median;
@@ -197,6 +196,15 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     accept_gradient_scale(s, d);
     return d;
   }
+  remedy(s, model_worse, detail, d);
+  count_unapplied(s, d);
+  return d;
+}
+
+// The remedy of an incident's alarm once diagnosed: a rollback while the model is at fault and
+// the incident has rollbacks left, the offending step dropped otherwise.
+void Guard::remedy(const StepSignals& s, bool model_worse, nlohmann::json& detail, Decision& d) {
+  Incident& incident = *open_;
   if (!model_worse) {
     // The model is no worse than the snapshot a rollback would restore: drop the step instead.
     ++incident.skipped;
@@ -223,8 +231,6 @@ Decision Guard::resolve(Decision d, double model_ratio) {
     d.action = Action::kSkip;
     d.skip_reason = SkipReason::kIncident;
   }
-  count_unapplied(s, d);
-  return d;
 }
 
 // Dropping the batch did not help: the next ones, different data, raised the same alarm on the
@@ -367,6 +373,10 @@ GuardEvent Guard::alarm_warn(const StepSignals& s, const AlarmLevels& a) const {
 
 Decision Guard::observe(const StepSignals& s) {
   Decision d;
+  const PauseLevels levels = pause_levels(s.step);
+  // A step without samples (the guard's own tests) has nothing the screen could have masked.
+  const double kept = s.samples > 0 ? static_cast<double>(s.kept_losses.size()) : 1.0;
+  const bool refused = refuses_update(levels, s.loss, s.grad_norm, s.overflow ? 1.0 : 0.0, kept);
   if (absorb_overflow(s, d) || refuse_non_finite(s, d)) return d;
   consecutive_nan_ = 0;
   consecutive_overflow_ = 0;
@@ -388,7 +398,6 @@ Decision Guard::observe(const StepSignals& s) {
   a.norm_ratio = baseline_ready() && a.norm_median > 0 ? s.grad_norm / a.norm_median : 0.0;
   a.loss_ratio = baseline && a.loss_median > 0 ? s.loss / a.loss_median : 0.0;
   a.loss_recent = losses_.median_of_last(kLossRecentSteps);
-  const PauseLevels levels = pause_levels(s.step);
   const bool loss_jump = s.loss > levels.loss_jump;  // warns in warmup too
   const bool norm_pause = levels.norm_pause(s.grad_norm);
   const bool loss_pause = levels.loss_pause(s.loss);
@@ -398,8 +407,11 @@ Decision Guard::observe(const StepSignals& s) {
     note_alarm(s.step);
     d.events.push_back(alarm_warn(s, a));
   }
-  if (norm_pause || loss_pause) {
-    escalate(s, norm_pause ? "grad_norm" : "loss",
+  if (refused) {  // past a level (or an fp16 overflow the scaler no longer absorbs)
+    escalate(s,
+             norm_pause   ? "grad_norm"
+             : loss_pause ? "loss"
+                          : "overflow",
              {{"grad_norm", s.grad_norm},
               {"grad_norm_median", a.norm_median},
               {"loss", s.loss},
@@ -466,18 +478,7 @@ std::vector<GuardEvent> Guard::after_update(int64_t completed_steps) {
 }
 
 void Guard::rolled_back(int64_t step, const nlohmann::json& snapshot_state) {
-  if (snapshot_state.is_object()) {
-    grad_norms_.load_state(snapshot_state.at("grad_norms"));
-    losses_.load_state(snapshot_state.at("losses"));
-    clip_tail_ = TailRate(cfg_.median_window, kTailRateWindows);
-    if (snapshot_state.contains("clip_tail")) clip_tail_.load_state(snapshot_state.at("clip_tail"));
-    const auto& layers = snapshot_state.at("layer_norms");
-    for (size_t i = 0; i < layers.size() && i < layer_norms_.size(); ++i)
-      layer_norms_[i].load_state(layers[i]);
-    sample_losses_.clear();
-    if (snapshot_state.contains("sample_losses"))
-      sample_losses_.load_state(snapshot_state.at("sample_losses"));
-  }
+  if (snapshot_state.is_object()) load_baselines(snapshot_state);
   ++rollbacks_;
   if (open_) ++open_->rollbacks;
   start_recovery(step);

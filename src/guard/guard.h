@@ -37,6 +37,17 @@
 // Statistics only take values of applied updates (and kept samples), so a spike never poisons its
 // own baseline. Not thread-safe; one Guard per rank, fed all-reduced values so every rank decides
 // the same.
+//
+// Owns: the baselines (running windows of the grad norm, the loss, the per-layer norms and the
+// kept samples' losses), the tail rates, the loss-scale watch, the loss periodicity, the attention
+// trends, the warning windows, the streaks, the incidents and the recovery overlay. Called by:
+// setup.cpp (built when stability.enabled), verdict.cpp (pause_levels, observe, resolve),
+// trainer.cpp (the screen's thresholds, the clip statistics, after_update), step_record.cpp
+// (observe_periodic, in_recovery), learning_rate.cpp (lr_factor), recovery.cpp (rolled_back,
+// start_recovery) and snapshot.cpp (state, load_state, promotable). Writes: nothing (its decisions
+// carry GuardEvents, which the trainer puts in events.jsonl). Saves: all of it but the step
+// awaiting diagnosis (within one step) in trainer_state.json's "guard" (guard_state.cpp): a
+// resume loads it whole, a rollback only the snapshot's baselines.
 #pragma once
 
 #include <cstdint>
@@ -149,6 +160,20 @@ struct PauseLevels {
   bool loss_pause(double loss_value) const { return loss_value > loss; }
 };
 
+// Whether the guard refuses a step's update: a non-finite loss or gradient norm, an fp16 overflow,
+// no sample kept by the screen, or a value past its pause level. The one rule for both sides:
+// observe() applies it to the host's doubles, the device's update gate (stability.update_gate:
+// device) to the step's fp64 tensors, before the host has read them. It is written with operators
+// alone, which mean the same on a double and on a tensor (x - x is 0 exactly when x is finite).
+// Diagnosis may still apply a refused update (a grad-norm pause found to be the model's own scale).
+template <class Value>
+auto refuses_update(const PauseLevels& levels, const Value& loss, const Value& grad_norm,
+                    const Value& overflow, const Value& kept) {
+  const auto non_finite = [](const Value& x) { return (x - x) != 0; };
+  return non_finite(loss) | non_finite(grad_norm) | (overflow > 0) | (kept <= 0) |
+         (grad_norm > levels.grad_norm) | (loss > levels.loss);
+}
+
 class Guard {
  public:
   // `warmup_steps`: the schedule's warmup. Signals that move by design while the lr ramps up
@@ -241,11 +266,24 @@ class Guard {
 
   nlohmann::json layer_report(const StepSignals& s) const;
   void note_alarm(int64_t step) { last_alarm_step_ = step; }
+  void remedy(const StepSignals& s, bool model_worse, nlohmann::json& detail, Decision& d);
+  void load_baselines(const nlohmann::json& st);
   void watch_rates(const StepSignals& s, Decision& d);
+  void watch_clip_rate(const StepSignals& s, Decision& d);
+  void watch_loss_scale(const StepSignals& s, Decision& d);
+  bool rate_may_warn(int64_t step) const;
+  void rate_warn(int64_t step, Decision& d, nlohmann::json detail, std::string message);
+  void watch_update_ratios(int64_t step, const std::vector<double>& update_ratios, bool may_warn,
+                           std::vector<GuardEvent>& events);
+  void watch_attention(int64_t step, const std::vector<double>& attention_std, bool may_warn,
+                       std::vector<GuardEvent>& events);
   void watch_screen(const StepSignals& s, Decision& d);
   // Repeated data: content seen under another id, samples far below the baseline (warns), and
   // after an applied step a periodic dip in the loss.
   void watch_repeats(const StepSignals& s, Decision& d);
+  void watch_repeated_ids(const StepSignals& s, Decision& d);
+  void watch_low_losses(const StepSignals& s, Decision& d);
+  std::string low_side_fate() const;
   void watch_periodicity(const StepSignals& s, Decision& d);
   // An alarm that calls for a rollback: opens or joins an incident and escalates.
   // An alarm: opens or joins an incident (or aborts past the rate budget); resolve() picks the

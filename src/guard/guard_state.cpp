@@ -84,7 +84,9 @@ nlohmann::json Guard::state() const {
           {"incident_starts", incident_starts_}};
 }
 
-void Guard::load_state(const nlohmann::json& st) {
+// The baselines the statistics of applied steps teach: what a rollback restores with the weights
+// (the rest is the run's history, which a rollback keeps).
+void Guard::load_baselines(const nlohmann::json& st) {
   grad_norms_.load_state(st.at("grad_norms"));
   losses_.load_state(st.at("losses"));
   // A checkpoint from before the clip rate learned its level (clip_flags) starts it afresh.
@@ -96,6 +98,10 @@ void Guard::load_state(const nlohmann::json& st) {
   // Absent in checkpoints written before keel had them: those start afresh.
   sample_losses_.clear();
   if (st.contains("sample_losses")) sample_losses_.load_state(st.at("sample_losses"));
+}
+
+void Guard::load_state(const nlohmann::json& st) {
+  load_baselines(st);
   attention_trend_.clear();
   for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
     attention_trend_.push_back(v.is_number() ? v.get<double>()

@@ -7,6 +7,14 @@
 //   LossPeriodicity  a periodic dip in the loss of the applied steps, the symptom a person sees.
 // The guard turns their findings into warnings (guard.h); the trainer masks repeated samples
 // when stability.screen.low is quarantine.
+//
+// Owns: the newest kRepeatWatchSamples (hash, id) pairs and the id each content was first seen
+// under (RepeatWatch); the newest kPeriodWindow losses (LossPeriodicity). Called by: the trainer
+// (repeat_screen.cpp: duplicate_of, remember; snapshot.cpp: state, load_state) for RepeatWatch;
+// the guard (guard.cpp, advisory.cpp, guard_state.cpp) for LossPeriodicity. Writes: nothing.
+// Saves: RepeatWatch's pairs as the checkpoint's extra tensor "repeat_watch" (guard on), loaded
+// by a resume and kept through a rollback; LossPeriodicity under trainer_state.json's "guard"
+// ("loss_periodicity").
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,12 @@
 // Host-side running statistics over the last N values of a per-step signal (grad norm, loss,
 // per-layer norms, per-sample losses). The Guard reads one small packed tensor per step, so these
 // live on the host.
+//
+// Owns: the newest values (RunningWindow); a tail's newest window and the steps that taught its
+// rate (TailRate). Called by: their owners: the guard (guard.cpp, advisory.cpp, guard_state.cpp)
+// and train/accumulation.cpp (the normalized norms). Writes: nothing. Saves: nothing of its own:
+// state() goes under its owner's key (trainer_state.json's "guard", or "grad_accum"'s "norms");
+// load_state() keeps the capacity its owner built it with.
 #pragma once
 
 #include <algorithm>

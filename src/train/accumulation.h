@@ -9,7 +9,13 @@
 // over-corrects, which pushes k back toward k0: a change of k never feeds on itself. The count
 // moves by one micro-batch at a time, at most once per `hold` steps, only after warmup and outside
 // a recovery. Every rank sees the same (all-reduced) norms, so every rank takes the same count.
-// The state goes into checkpoints (trainer_state.json "grad_accum"): a resume is bit-exact.
+//
+// Owns: the count, the step of its newest change and the window of normalized norms. Called by:
+// the step (trainer.cpp: observe() in adjust_accumulation, steps(), lr_factor();
+// forward_backward.cpp and step_record.cpp: steps()), recovery.cpp (steps(), most()) and
+// snapshot.cpp (state, load_state). Writes: nothing (the trainer puts each change on record as a
+// grad_accum event). Saves: trainer_state.json's "grad_accum" when dynamic (the count, its newest
+// change and the norms): a resume is bit-exact, and a rollback takes the snapshot's count back.
 #pragma once
 
 #include <cstdint>

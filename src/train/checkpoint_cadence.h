@@ -3,10 +3,13 @@
 // every checkpoint.stable.every_steps, promoted when the stable.window steps before it passed
 // without an alarm.
 //
-// Owns the intervals and the measurement behind `auto`. The trainer calls attempt_finished() after
-// every step attempt and saved() after every save; when attempt_finished() says the time has come
-// it agrees the figures with the other ranks and calls decide(). due() then says what a step owes.
-// Writes nothing: the trainer saves and puts the decision on record. One per trainer, one thread.
+// Owns: the intervals and the measurement behind `auto` (this process's step attempts, when its
+// timing began, its newest save's stall). Called by: snapshot.cpp: maybe_checkpoint() calls
+// attempt_finished() after every step attempt, then due(); save_checkpoint() calls saved() after
+// every save; when attempt_finished() says the time has come, decide_checkpoint_cadence() agrees
+// the figures with the other ranks and calls decide(). Writes: nothing (the trainer saves, and
+// puts the decision on record as a checkpoint_cadence event). Saves: nothing: rebuilt at each
+// start, so a resumed run under `auto` measures and decides anew. One per trainer, one thread.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,13 @@
 // The trainer's counters: the one place they live, and the one way they go to and come from a
 // checkpoint's trainer_state.json (as torchtitan's TrainState). Nothing else reads them by key.
+//
+// Owns: step, iteration, micro_taken, quarantined_micro, last_eval_step. Called by: the step
+// (trainer.cpp: took_micro_batch, applied; verdict.cpp: rejected), evaluation.cpp (evaluated),
+// recovery.cpp (set_aside, catch_up_iteration; from_json of the checkpoints it moves between) and
+// snapshot.cpp (to_json, from_json, rolled_back_to); read by most of src/train. Writes: nothing.
+// Saves: trainer_state.json's top-level "step", "iteration", "micro_taken", "quarantined_micro"
+// and "last_eval_step", with "micro_batch_size" and "world_size" (the unit of the micro-batch
+// counts) and "samples_seen", "tokens_seen" (for people; not read back).
 #pragma once
 
 #include <algorithm>

@@ -19,6 +19,15 @@
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
 //                  them. hang: the rank stays alive and stops answering (`seconds`, 0: forever).
 //   loader_stall, drop_samples live in the data loader.
+//
+// Owns: this rank's faults, the spliced datasets, repeat_data's documents once taken and the
+// generator corrupt_batch draws from. Called by: setup.cpp (faults_for_rank, the injector),
+// trainer.cpp (corrupt in next_batch, after_backward in train_step, gradient_growth in measure),
+// forward_backward.cpp (gradient_growth, touches_gradients) and learning_rate.cpp
+// (lr_multiplier). Writes: nothing (it changes tokens and gradients in place; a crash or a hang
+// logs a warning first). Saves: nothing: rebuilt at each start from the config and the run's seed,
+// so its windows (keyed to saved counters) are the same, but corrupt_batch's draws start again
+// from the seed and repeat_data takes a new set.
 #pragma once
 
 #include <torch/torch.h>

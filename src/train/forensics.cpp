@@ -22,8 +22,8 @@ void write_weights(const fs::path& path, const checkpoint::TensorMap& weights, i
 }  // namespace
 
 void Forensics::write(const TrainCounters& at, const StepSamples& step,
-                      const nlohmann::json& signals, const checkpoint::TensorMap& weights,
-                      bool parts) const {
+                      const std::vector<double>& layer_grad_norms, const nlohmann::json& signals,
+                      const checkpoint::TensorMap& weights, bool parts) const {
   if (step.losses.empty()) return;
   // The top-k over every rank's samples (collectives: every rank takes part, rank 0 writes).
   auto losses = comm_->all_gather(torch::cat(step.losses).to(device_)).to(torch::kCPU);
@@ -59,9 +59,8 @@ void Forensics::write(const TrainCounters& at, const StepSamples& step,
     samples.push_back(std::move(sample));
   }
   nlohmann::json layers_json = nlohmann::json::object();
-  if (signals.contains("layer_grad_norms"))
-    for (size_t i = 0; i < layer_names_.size(); ++i)
-      layers_json[layer_names_[i]] = signals["layer_grad_norms"][i];
+  for (size_t i = 0; i < layer_names_.size() && i < layer_grad_norms.size(); ++i)
+    layers_json[layer_names_[i]] = layer_grad_norms[i];
 
   // Decoded text need not be UTF-8 (byte-level data): invalid bytes are written as U+FFFD.
   constexpr auto kReplace = nlohmann::json::error_handler_t::replace;

@@ -2,10 +2,12 @@
 // when it happens: the step's top-k samples over every rank (id, loss, decoded text), the
 // per-layer gradient norms, the guard's signals and the weights as they were.
 //
-// Called by recovery (a pause, an incident's first dropped step). Collective: every rank calls
-// write() (the samples are gathered); rank 0 writes, but for ZeRO-3's weights, which every rank
-// writes its part of (model.rank{r}.safetensors, checkpoint/weight_parts.h): no rank holds them
-// whole. Owns only its settings.
+// Owns: only its settings. Called by: setup.cpp (built with the record) and recovery.cpp
+// (write_forensics: a pause, an incident's first dropped step). Collective: every rank calls
+// write() (the samples are gathered). Writes: forensics/step_N/ (samples.json, layers.json,
+// signals.json, model.safetensors) from rank 0, but for ZeRO-3's weights, which every rank writes
+// its part of (model.rank{r}.safetensors, checkpoint/weight_parts.h): no rank holds them whole.
+// Saves: nothing.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +41,9 @@ class Forensics {
 
   // forensics/step_N (step_N-iterK when an earlier attempt at that step wrote one). Nothing when
   // the step kept no samples. RecordError when the folder cannot be written.
-  void write(const TrainCounters& at, const StepSamples& samples, const nlohmann::json& signals,
+  // `layer_grad_norms` in the order of the layer names; `signals` go into signals.json as they are.
+  void write(const TrainCounters& at, const StepSamples& samples,
+             const std::vector<double>& layer_grad_norms, const nlohmann::json& signals,
              const checkpoint::TensorMap& weights, bool weights_in_parts) const;
 
  private:

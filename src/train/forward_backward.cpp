@@ -6,25 +6,43 @@
 
 namespace keel::train {
 
+namespace {
+
+// The micro-batch's samples kept for the guard: the screen's records, forensics and statistics.
+void add_samples(StepSamples& samples, const data::Batch& batch, const MicroOutput& out,
+                 const std::vector<int64_t>& fingerprints, bool screened) {
+  samples.ids.push_back(batch.sample_ids);
+  samples.losses.push_back(out.per_sample_loss);
+  samples.tokens.push_back(batch.tokens);
+  if (screened) samples.keep.push_back(out.keep);
+  if (batch.doc_lengths.defined()) samples.doc_lengths.push_back(batch.doc_lengths);
+  if (batch.buckets.defined()) samples.buckets.push_back(batch.buckets);
+  samples.fingerprints.insert(samples.fingerprints.end(), fingerprints.begin(), fingerprints.end());
+}
+
+}  // namespace
+
 // Runs the step's micro-batches (accumulation.steps()) forward and backward; their gradients sum in
 // .grad. With a screen threshold, samples whose loss is above it (not NaN ones: those are the
 // guard's) weigh 0, the rest 1/B each. Returns (2) on the device: the kept samples' summed
 // cross-entropy and their count.
-torch::Tensor Trainer::State::forward_backward(bool keep_samples,
-                                               std::optional<double> screen_threshold,
-                                               std::optional<double> low_threshold) {
+MicroBatches Trainer::State::forward_backward(bool keep_samples,
+                                              std::optional<double> screen_threshold,
+                                              std::optional<double> low_threshold) {
   const int64_t accum = accumulation.steps();
-  const bool mask_low = cfg.stability.screen.low == config::LowScreen::kQuarantine;
   const double growth = faults->gradient_growth(counters.iteration);
   model->train();
-  step_samples.clear();
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   torch::Tensor loss_sum = torch::zeros({}, fp32), kept = torch::zeros({}, fp32);
+  StepSamples samples;
+  double loader_wait_s = 0.0, comm_s = 0.0;
   std::vector<int64_t> sample_ids;                // logging.sample_ids: this step's data, in order
   const int64_t position = counters.micro_taken;  // of its first micro-batch in the data order
   for (int64_t micro = 0; micro < accum; ++micro) {
     std::optional<monitor::StageRange> range(std::in_place, "keel/data");
+    const auto wait_start = Clock::now();
     data::Batch batch = next_batch();
+    loader_wait_s += seconds_since(wait_start);
     if (cfg.logging.sample_ids) {
       const auto ids = batch.sample_ids.to(torch::kCPU, torch::kInt64).contiguous();
       sample_ids.insert(sample_ids.end(), ids.data_ptr<int64_t>(),
@@ -33,59 +51,61 @@ torch::Tensor Trainer::State::forward_backward(bool keep_samples,
     const std::vector<int64_t> fingerprints =
         keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
     range.reset();
-    bool reduce_now = false;
-    std::optional<MicroOutput> out;
-    // A grad_growth fault scales this step's objective: a value the graph does not hold.
-    if (micro_graph && growth == 1.0) {
-      monitor::StageRange graph_range("keel/graph");
-      out = micro_graph->run(
-          batch.tokens, screen_threshold.value_or(std::numeric_limits<double>::infinity()),
-          static_cast<double>(accum),
-          [this, micro, &reduce_now](const auto& tokens, const auto& level, const auto& divisor) {
-            return micro_step(tokens, level, divisor, {}, 1.0, micro, reduce_now);
-          });
-    }
-    if (!out) {
-      // After the capture the attention statistics are the graph's tensors, which each replay
-      // rewrites: an eager pass must not put its own in their place.
-      const bool graph_stats = micro_graph && micro_graph->captured();
-      if (graph_stats) model->set_record_activation_stats(false);
-      LowKeep low_keep;
-      if (screen_threshold && mask_low)
-        low_keep = [&](const torch::Tensor& losses) {
-          return low_side_keep(losses, batch, fingerprints, low_threshold);
-        };
-      out = micro_step(
-          batch.tokens.to(device, /*non_blocking=*/true),
-          screen_threshold ? torch::full({}, *screen_threshold, fp32) : torch::Tensor(),
-          torch::full({}, static_cast<double>(accum), fp32), low_keep, growth, micro, reduce_now);
-      if (graph_stats) model->set_record_activation_stats(true);
-    }
-    loss_sum += out->loss_sum;
-    kept += out->kept;
-    // The last micro-step's are finished in measure() (after a fault changed them), but ZeRO-3's.
-    if (reduce_now && (sharded || micro < accum - 1)) finish_reduction();
-    if (keep_samples) {
-      step_samples.ids.push_back(batch.sample_ids);
-      step_samples.losses.push_back(out->per_sample_loss);
-      step_samples.tokens.push_back(batch.tokens);
-      if (screen_threshold) step_samples.keep.push_back(out->keep);
-      if (batch.doc_lengths.defined()) step_samples.doc_lengths.push_back(batch.doc_lengths);
-      if (batch.buckets.defined()) step_samples.buckets.push_back(batch.buckets);
-      step_samples.fingerprints.insert(step_samples.fingerprints.end(), fingerprints.begin(),
-                                       fingerprints.end());
-    }
+    const MicroOutput out =
+        run_micro(batch, micro, fingerprints, screen_threshold, low_threshold, growth);
+    loss_sum += out.loss_sum;
+    kept += out.kept;
+    // The reduction a backward pass started ends here where it must (the last micro-step's
+    // ends in measure(), after a fault changed the gradients, unless the plan ends each in its
+    // own micro-step).
+    const auto comm_start = Clock::now();
+    parallel->after_backward(micro, accum);
+    if (comm.is_process_group()) comm_s += seconds_since(comm_start);
+    if (keep_samples) add_samples(samples, batch, out, fingerprints, screen_threshold.has_value());
   }
   if (cfg.logging.sample_ids) write_sample_ids(std::move(sample_ids), position);
-  return torch::stack({loss_sum, kept});
+  return {torch::stack({loss_sum, kept}), std::move(samples), loader_wait_s, comm_s};
+}
+
+// One micro-batch forward and backward: replayed from the CUDA graph where there is one (and no
+// grad_growth fault scales the objective: a value the graph does not hold), eagerly otherwise.
+MicroOutput Trainer::State::run_micro(const data::Batch& batch, int64_t micro,
+                                      const std::vector<int64_t>& fingerprints,
+                                      std::optional<double> screen_threshold,
+                                      std::optional<double> low_threshold, double growth) {
+  const auto accum = static_cast<double>(accumulation.steps());
+  if (micro_graph && growth == 1.0) {
+    monitor::StageRange graph_range("keel/graph");
+    auto out = micro_graph->run(
+        batch.tokens, screen_threshold.value_or(std::numeric_limits<double>::infinity()), accum,
+        [this, micro](const auto& tokens, const auto& level, const auto& divisor) {
+          return micro_step(tokens, level, divisor, {}, 1.0, micro);
+        });
+    if (out) return std::move(*out);
+  }
+  // After the capture the attention statistics are the graph's tensors, which each replay
+  // rewrites: an eager pass must not put its own in their place.
+  const bool graph_stats = micro_graph && micro_graph->captured();
+  if (graph_stats) model->set_record_activation_stats(false);
+  LowKeep low_keep;
+  if (screen_threshold && cfg.stability.screen.low == config::LowScreen::kQuarantine)
+    low_keep = [&](const torch::Tensor& losses) {
+      return low_side_keep(losses, batch, fingerprints, low_threshold);
+    };
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  MicroOutput out =
+      micro_step(batch.tokens.to(device, /*non_blocking=*/true),
+                 screen_threshold ? torch::full({}, *screen_threshold, fp32) : torch::Tensor(),
+                 torch::full({}, accum, fp32), low_keep, growth, micro);
+  if (graph_stats) model->set_record_activation_stats(true);
+  return out;
 }
 
 // One micro-batch: tokens (B, T+1) on the device; `threshold` (() fp32 on the device, undefined:
 // no screen) masks the samples above it, and `low_keep` (when set) multiplies the kept mask.
-// `reduce_now`: whether this backward pass reduced the gradients (arm_reducer).
 MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch::Tensor& threshold,
                                        const torch::Tensor& divisor, const LowKeep& low_keep,
-                                       double growth, int64_t micro, bool& reduce_now) {
+                                       double growth, int64_t micro) {
   model::LossOutput out;
   {
     monitor::StageRange range("keel/forward");
@@ -115,7 +135,7 @@ MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch:
   torch::Tensor scaled = objective / divisor;
   if (scaler) scaled = scaled * scaler->scale();
   if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
-  reduce_now = arm_reducer(micro);
+  parallel->arm(micro, accumulation.steps(), faults->touches_gradients(counters.iteration));
   monitor::StageRange range("keel/backward");
   scaled.backward();
   return m;

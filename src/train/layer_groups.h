@@ -1,5 +1,10 @@
 // Parameters grouped by layer ("embedding", "layers.0", …, "head") so that per-layer gradient
 // norms and update ratios come out of one multi-tensor norm and one index_add, not a loop of syncs.
+//
+// Owns: the group names and each parameter's group (an index tensor on the device). Called by:
+// setup.cpp (built from the parameters; names() for the guard and forensics), verdict.cpp
+// (reduce: per-layer gradient norms), trainer.cpp (reduce: update ratios, in finish_update) and
+// step_record.cpp (names). Writes: nothing. Saves: nothing: rebuilt at each start.
 #pragma once
 
 #include <torch/torch.h>

@@ -10,8 +10,11 @@
 // check the plan on the CPU at shapes where every tensor is such a block); with
 // run.host_allocator: system nothing is measured.
 //
-// Owned by the trainer, which calls due() after every step attempt and record() when it is due
-// (every rank: the peak is agreed over them). Reads allocator statistics; writes nothing itself.
+// Owns: the plan and whether this start has recorded. Called by: setup.cpp (built with the
+// record; the measured peak starts there) and trainer.cpp (loop: due() after every step attempt,
+// record() when it is due, on every rank: the peak is agreed over them). Reads allocator
+// statistics. Writes: nothing itself (the trainer puts record()'s detail on record as a memory
+// event). Saves: nothing: rebuilt at each start, and each start records its own.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,11 @@
 // fills first, and accumulates into the same gradient tensors each time (the optimizer zeroes
 // them in place instead of freeing them: Optimizer::keep_gradients). What a graph cannot hold
 // makes the run, or the one micro-batch, eager, with the reason logged.
+//
+// Owns: the graph, its static inputs and outputs, the warm-ups left and whether the graph is off.
+// Called by: setup.cpp (make_micro_graph: graph_obstacle, the graph), forward_backward.cpp
+// (run_micro: run(), captured()) and cli/validate_command.cpp (graph_obstacle). Writes: nothing
+// (log lines only). Saves: nothing: rebuilt at each start, which warms up and captures anew.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,5 +1,11 @@
 // What a trainer changes in the process and puts back when it ends: its threads, allocator, GEMM
 // and determinism settings, and the SIGTERM/SIGINT handling of the training thread.
+//
+// Owns: the settings as they were before the trainer changed them (ProcessSettings) and the
+// signal-catching thread with the mask it replaced (StopSignals). Called by: setup.cpp (build(),
+// first, before it changes anything; the trainer's end destroys them, which puts things back).
+// Writes: nothing (a signal goes to the handler it was given, which sets the loop's stop flag).
+// Saves: nothing: process state, set again at each start.
 #pragma once
 
 #include <pthread.h>

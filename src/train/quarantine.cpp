@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/quarantine_reason.h"
 #include "monitor/json_record.h"
 
 namespace keel::train {
@@ -25,7 +26,7 @@ nlohmann::json Quarantine::record_screened(std::vector<std::pair<double, int64_t
   std::sort(masked.rbegin(), masked.rend());
   nlohmann::json named = nlohmann::json::array();
   for (const auto& [loss, id] : masked) {
-    record(id, at, "screen", loss);
+    record(id, at, name_of(QuarantineReason::kScreen), loss);
     if (named.size() < static_cast<size_t>(std::max<int64_t>(top_k, 1)))
       named.push_back({{"id", id}, {"loss", loss}});
   }

@@ -2,11 +2,14 @@
 // or a recovering resume skips, the steps an incident dropped), once, with why and where it is in
 // the data, so that a person can clean the source.
 //
-// Owns the record and the ids on it since the newest stable snapshot: a rollback re-reads the data
-// from that snapshot and must not record a sample twice. The trainer calls record() for each
-// sample it sets aside and stable_snapshot_taken() when a snapshot becomes stable (no rollback
-// goes back past it). Writes quarantine.jsonl only (rank 0's file; other ranks' discard).
-// One per trainer, one thread.
+// Owns: the record and the ids on it since the newest stable snapshot: a rollback re-reads the
+// data from that snapshot and must not record a sample twice. Called by: setup.cpp (opened with
+// the record), verdict.cpp (quarantine_screened: the screen's masked, repeated and low samples),
+// recovery.cpp (record: a rollback's window, a dropped step, a recovering resume's skipped data)
+// and snapshot.cpp (stable_snapshot_taken() when a snapshot becomes stable: no rollback goes back
+// past it). Writes: quarantine.jsonl only (rank 0's file; other ranks' discard). Saves: nothing: a
+// start begins with no ids, so after a resume a rollback to a stable snapshot older than the
+// resume can put a sample on record a second time. One per trainer, one thread.
 #pragma once
 
 #include <cstdint>

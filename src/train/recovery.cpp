@@ -6,13 +6,14 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/quarantine_reason.h"
 
 namespace keel::train {
 namespace fs = std::filesystem;
 
 void Recovery::write_forensics(const StepEvidence& step) const {
-  p_.forensics->write(*p_.counters, step.samples, step.verdict.signals, p_.weights(),
-                      p_.weights_in_parts);
+  p_.forensics->write(*p_.counters, step.samples, step.verdict.layer_grad_norms,
+                      step.verdict.signals, p_.weights(), p_.weights_in_parts);
 }
 
 void Recovery::set_aside(int64_t micro_batches, const std::string& reason,
@@ -46,12 +47,36 @@ void Recovery::drop_step(const StepEvidence& step) {
   }
   // "alarm": the model was fine and the step's data set the alarm off; "incident_skip": the
   // incident's rollbacks were spent.
-  const std::string reason = d.skip_reason == guard::SkipReason::kData ? "alarm" : "incident_skip";
-  for (size_t i = 0; i < step.host.ids.size(); ++i)
-    if (step.host.kept[i])
-      p_.quarantine->record(step.host.ids[i], *p_.counters, reason, step.host.losses[i],
-                            {{"incident", d.incident}});
+  const std::string reason =
+      name_of(d.skip_reason == guard::SkipReason::kData ? QuarantineReason::kAlarm
+                                                        : QuarantineReason::kIncidentSkip);
+  for (size_t i = 0; i < step.verdict.samples.ids.size(); ++i)
+    if (step.verdict.samples.kept[i])
+      p_.quarantine->record(step.verdict.samples.ids[i], *p_.counters, reason,
+                            step.verdict.samples.losses[i], {{"incident", d.incident}});
   p_.counters->set_aside(p_.accumulation->steps(), 0);
+}
+
+// The window since the stable snapshot (which held the offending samples) set aside, each sample
+// on record, plus the incident's skip-ahead; all count as taken, so the consumed-vs-steps
+// cross-check still holds and a resumed run skips the same window. `data_at_snapshot`: the data
+// position the snapshot saved. Returns the rollback event's account of it.
+nlohmann::json Recovery::skip_window(const nlohmann::json& data_at_snapshot, int64_t stable_micro,
+                                     int64_t skip_ahead_steps, const HostSamples& measured) {
+  const config::Config& cfg = *p_.cfg;
+  TrainCounters& counters = *p_.counters;
+  const int64_t world = p_.comm->world_size();
+  const int64_t ahead = skip_ahead_steps * cfg.data.grad_accum_steps;
+  const int64_t window = counters.micro_taken - stable_micro;
+  p_.train_data->load_state(data_at_snapshot);
+  set_aside(window + ahead, name_of(QuarantineReason::kRollback), measured);
+  counters.set_aside(window, ahead);
+  const int64_t micro = counters.micro_taken - stable_micro;
+  return {{"micro_batches", micro},
+          {"samples", micro * cfg.data.micro_batch_size * world},
+          {"first_position", stable_micro},
+          {"end_position", counters.micro_taken},
+          {"skipped_ahead", ahead}};
 }
 
 void Recovery::rollback(const StepEvidence& step) {
@@ -76,23 +101,10 @@ void Recovery::rollback(const StepEvidence& step) {
   // snapshot (which held the offending samples) is never trained on again.
   const bool replay = !cfg.stability.rollback.skip_data;
   p_.restore(target->data, /*restore_data=*/replay);
-  nlohmann::json set_aside_detail = nullptr;
-  if (!replay) {
-    // The window since the stable snapshot (which held the offending samples) is set aside, each
-    // sample on record, plus the incident's skip-ahead; all count as taken, so the consumed-vs-
-    // steps cross-check still holds and a resumed run skips the same window.
-    const int64_t ahead = d.skip_ahead_steps * cfg.data.grad_accum_steps;
-    const int64_t window = counters.micro_taken - stable_micro;
-    p_.train_data->load_state(target->data.trainer_state.at("data"));
-    set_aside(window + ahead, "rollback", step.host);
-    counters.set_aside(window, ahead);
-    const int64_t micro = counters.micro_taken - stable_micro;
-    set_aside_detail = {{"micro_batches", micro},
-                        {"samples", micro * cfg.data.micro_batch_size * world},
-                        {"first_position", stable_micro},
-                        {"end_position", counters.micro_taken},
-                        {"skipped_ahead", ahead}};
-  }
+  const nlohmann::json set_aside_detail =
+      replay ? nlohmann::json(nullptr)
+             : skip_window(target->data.trainer_state.at("data"), stable_micro, d.skip_ahead_steps,
+                           step.verdict.samples);
   // The new timeline must not overwrite the abandoned one's checkpoints of the same steps.
   p_.checkpointer->abandon_after(counters.step);
   p_.files->replay_from(counters.step + 1);

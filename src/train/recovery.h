@@ -3,11 +3,13 @@
 // step within an incident, and the recovery a resume starts (the newer timeline abandoned, its
 // data set aside or replayed).
 //
-// Called by the trainer: rollback() and drop_step() on the guard's verdict, begin_resume() once
-// after a resume restored a snapshot. Owns no state between calls: what it moves (the counters,
-// the data position, the model through `restore`) and what it writes (events, quarantine.jsonl,
-// forensics, the abandoned checkpoints) belong to the collaborators it is given once. Collective
-// with several ranks: every rank calls the same methods in the same order.
+// Owns: no state between calls: what it moves (the counters, the data position, the model through
+// `restore`) belongs to the collaborators it is given once (setup.cpp, from recovery_parts()).
+// Called by: verdict.cpp (rollback() and drop_step() on the guard's verdict) and snapshot.cpp
+// (record_resume: begin_resume() once after a resume restored a snapshot). Writes: through those
+// collaborators: events (pause, rollback, recovery_start), quarantine.jsonl, forensics, the
+// abandoned checkpoints. Saves: nothing. Collective with several ranks: every rank calls the same
+// methods in the same order.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +62,8 @@ struct RecoveryParts {
 
 // What the step the guard acted on measured.
 struct StepEvidence {
-  const Verdict& verdict;
-  const HostSamples& host;
-  const StepSamples& samples;
+  const Verdict& verdict;      // with the samples as the host read them
+  const StepSamples& samples;  // this rank's, on the device
 };
 
 class Recovery {
@@ -88,6 +89,8 @@ class Recovery {
   // quarantine.jsonl with `reason` (and its loss when `measured` holds it).
   void set_aside(int64_t micro_batches, const std::string& reason, const HostSamples& measured);
   void write_forensics(const StepEvidence& step) const;
+  nlohmann::json skip_window(const nlohmann::json& data_at_snapshot, int64_t stable_micro,
+                             int64_t skip_ahead_steps, const HostSamples& measured);
 
   RecoveryParts p_;
 };

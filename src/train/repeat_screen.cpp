@@ -34,16 +34,15 @@ torch::Tensor Trainer::State::low_side_keep(const torch::Tensor& per_sample_loss
   return keep;
 }
 
-void Trainer::State::observe_repeats(guard::StepSignals& s, const torch::Tensor& pairs,
-                                     const StepResult& r) {
-  const int64_t n = pairs.size(0);
-  const auto* p = pairs.data_ptr<int64_t>();  // every rank's (id, fingerprint), in rank order
+void Trainer::State::observe_repeats(guard::StepSignals& s, const HostFigures& h,
+                                     const StepResult& r, HostSamples& host_samples) {
+  const size_t n = h.ids.size();  // every rank's, in rank order
   s.low_threshold = r.low_threshold;
-  host_samples.duplicate_of.assign(static_cast<size_t>(n), -1);
-  host_samples.low.assign(static_cast<size_t>(n), false);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = p[2 * i];
-    const auto hash = static_cast<uint64_t>(p[2 * i + 1]);
+  host_samples.duplicate_of.assign(n, -1);
+  host_samples.low.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = h.ids[i];
+    const auto hash = static_cast<uint64_t>(h.fingerprints[i]);
     if (auto first = repeat_watch.duplicate_of(hash, id)) {
       host_samples.duplicate_of[i] = *first;
       ++s.repeated;
@@ -57,7 +56,7 @@ void Trainer::State::observe_repeats(guard::StepSignals& s, const torch::Tensor&
   }
 }
 
-void Trainer::State::name_low_samples(guard::Decision& d) const {
+void Trainer::State::name_low_samples(const HostSamples& host_samples, guard::Decision& d) const {
   const bool wanted = std::any_of(d.events.begin(), d.events.end(),
                                   [](const auto& e) { return e.about_low_samples; });
   if (!wanted) return;

@@ -1,7 +1,11 @@
 // Where a start resumes from, found and checked before the start writes anything (issue 32: a
 // refused start leaves the run directory as it was). Reads only; every refusal is a UserError
 // (exit 2) whose message names the checkpoint and what is wrong.
-// Called by the trainer's setup, on every rank, before its first write.
+//
+// Owns: the checkpoint a start resumes from, read and verified, and how it was found, until the
+// start has restored it. Called by: setup.cpp (build(): find_resume_source, check_resumable, then
+// the restore; on every rank, before its first write) and snapshot.cpp (record_resume, which puts
+// it on record and drops it). Writes: nothing. Saves: nothing.
 #pragma once
 
 #include <filesystem>

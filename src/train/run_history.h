@@ -3,7 +3,13 @@
 // crash loop from progress. Every start appends a `start` line; a run that ends through keel's own
 // exit paths appends an `end` line; a start that finds the previous start without an end records
 // that one as an `abnormal_end` at the position its heartbeat last reported.
-// Only rank 0 writes. Not thread-safe: the trainer thread owns it.
+//
+// Owns: starts.jsonl and the heartbeat open for writing, and the abnormal ends on record. Called
+// by: setup.cpp (open_record: rank 0 makes it), trainer.cpp (loop: beat() at the start and after
+// every step attempt; run: record_end() as it ends), resume_source.cpp and cli/resume_plan.cpp
+// (read_abnormal_ends, crash_loop_after). Writes: starts.jsonl and heartbeat, rank 0 only. Saves:
+// nothing: the run directory is its state, read back at each start. Not thread-safe: the trainer
+// thread owns it.
 #pragma once
 
 #include <cstdint>

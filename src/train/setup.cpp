@@ -16,6 +16,7 @@
 #include "config/validate.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
+#include "distributed/sharded_parameters.h"
 #include "schedule/schedule.h"
 #include "train/trainer_state.h"
 
@@ -112,9 +113,9 @@ void set_earlier_run_aside(const fs::path& run_dir) {
   if (ec) throw UserError("cannot create " + aside.string() + ": " + ec.message());
   // Only what keel writes moves: a file the user keeps in the directory stays where it is.
   static const char* const kRecord[] = {
-      "config.resolved.yaml", "metrics.jsonl",    "events.jsonl", "eval.jsonl",
-      "samples.jsonl",        "quarantine.jsonl", "starts.jsonl", "heartbeat",
-      "checkpoints",          "forensics",        "tensorboard",  "report.html"};
+      "config.resolved.yaml", "metrics.jsonl", "events.jsonl", "eval.jsonl",  "samples.jsonl",
+      "quarantine.jsonl",     "starts.jsonl",  "heartbeat",    "checkpoints", "forensics",
+      "tensorboard",          "profile",       "report.html"};
   for (const char* name : kRecord) {
     const fs::path entry = run_dir / name;
     if (!fs::exists(fs::symlink_status(entry, ec))) continue;
@@ -208,12 +209,11 @@ void Trainer::State::build() {
     // Its own part of a sharded optimizer state does not cover what this rank owns when the
     // pieces are cut otherwise now (another zero level or bucket size, or no ZeRO): every part.
     auto& state = resume_source->data.optimizer;
-    if (state.count("zero.pieces") &&
-        !(zero_optimizer ? zero_optimizer->covered_by(state) : comm.world_size() == 1))
+    if (state.count("zero.pieces") && !parallel->optimizer_state_covered_by(state))
       state = checkpoint::load_optimizer_parts(resume_source->path);
     // The same for a ZeRO-3 checkpoint's weights: its own part, unless cut otherwise.
     if (checkpoint::is_weight_parts(resume_source->data.model) &&
-        !weights_covered_by(resume_source->data.model))
+        !parallel->weights_covered_by(resume_source->data.model))
       resume_source->data.model = checkpoint::load_model_parts(resume_source->path);
     restore(resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
     resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
@@ -227,7 +227,7 @@ void Trainer::State::build_model() {
   // values unit by unit as it shards them, so no rank ever holds the whole model; --init-from
   // reads the weights one tensor at a time, never a second copy of the model. Units initialized
   // in order draw what the whole model draws (model::initialize_parameter).
-  const bool shard_weights = comm.is_process_group() && cfg.distributed.zero >= 3;
+  const bool shard_weights = shards_weights(cfg, comm);
   std::optional<checkpoint::HfModelReader> hf;
   if (!options.init_from.empty()) hf.emplace(options.init_from, cfg.model);
   const distributed::ShardedParameters::InitialValues initial_values = [&](const std::string& name,
@@ -260,40 +260,13 @@ void Trainer::State::build_model() {
     named_params.emplace_back(item.key(), item.value());
     params.push_back(item.value());
   }
-  // ZeRO-1 and 2 reduce-scatter the gradient buckets, so their reducer exists whether or not the
-  // buckets overlap the backward pass (ZeRO-2 also releases each gradient once it is in its
-  // bucket); without ZeRO, overlap: false is one flat all-reduce instead. ZeRO-3 shards the
-  // weights by unit and reduces each unit's gradients itself. On one process every level keeps
-  // the whole optimizer state as ZeRO-1 does (the same checkpoint format).
-  const bool zero = cfg.distributed.zero >= 1;
-  if (shard_weights) {
-    sharded = std::make_unique<distributed::ShardedParameters>(
-        comm, named_params, model->parameter_units(), cfg.distributed.reduce_dtype,
-        precision == optim::Precision::kBf16   ? torch::kBFloat16
-        : precision == optim::Precision::kFp16 ? torch::kHalf
-                                               : torch::kFloat,
-        device, initial_values);
-    model->set_unit_gate(sharded.get());
-    model->to(device);  // the buffers; the parameters are on it already
-  } else if (comm.is_process_group() && (zero || cfg.distributed.overlap)) {
-    reducer = std::make_unique<distributed::GradReducer>(
-        comm, params, cfg.distributed.bucket_mb, zero, /*release_grads=*/cfg.distributed.zero >= 2);
-  }
-  if (zero) {
-    distributed::ShardOwner* owner =
-        sharded ? static_cast<distributed::ShardOwner*>(sharded.get()) : reducer.get();
-    auto zero_opt =
-        std::make_unique<distributed::ZeroOptimizer>(named_params, cfg.optim, comm, owner);
-    zero_optimizer = zero_opt.get();
-    optimizer = std::move(zero_opt);
-  } else {
-    optimizer = optim::make_optimizer(optim::make_param_groups(named_params, cfg.optim), cfg.optim);
-  }
+  parallel = make_parallel_plan(cfg, comm, model, named_params, precision, device, initial_values);
   if (precision == optim::Precision::kFp16)
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
   layers = std::make_unique<LayerGroups>(named_params, device);
-  micro_graph = make_micro_graph(cfg, device, comm.is_process_group(), params, *optimizer);
+  micro_graph =
+      make_micro_graph(cfg, device, comm.is_process_group(), params, parallel->optimizer());
 }
 
 // The first writes of a start: the run directory (an earlier run in it set aside on a fresh
@@ -333,7 +306,7 @@ void Trainer::State::open_record() {
             config::name_of(cfg.model.arch), model->num_parameters() / 1e6,
             model->flops_per_token() / 1e6, device.str(), config::name_of(cfg.run.precision));
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
-            optimizer->describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
+            parallel->optimizer().describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
             cfg.schedule.warmup_steps, samples_per_step, tokens_per_step);
   if (loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",

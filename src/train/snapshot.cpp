@@ -6,6 +6,7 @@
 #include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/quarantine_reason.h"
 #include "config/load.h"
 #include "train/trainer_state.h"
 
@@ -25,54 +26,11 @@ void set_rng_state(torch::Device device, const torch::Tensor& state) {
 
 }  // namespace
 
-checkpoint::TensorMap Trainer::State::weights() const {
-  checkpoint::TensorMap out;
-  if (!sharded) {
-    for (const auto& [name, p] : named_params) out[name] = p.detach();
-    return out;
-  }
-  for (const auto& piece : sharded->owned_pieces()) {
-    const std::string& name = sharded->name_of(piece.param);
-    out[checkpoint::piece_key(name, piece.begin)] = sharded->owned_weights(piece);
-    if (piece.begin == 0)
-      out[checkpoint::shape_key(name)] =
-          torch::tensor(sharded->shape_of(piece.param), torch::kInt64);
-  }
-  return out;
-}
-
-bool Trainer::State::weights_covered_by(const checkpoint::TensorMap& weights) const {
-  if (!sharded) return !checkpoint::is_weight_parts(weights);
-  for (const auto& piece : sharded->owned_pieces())
-    if (!checkpoint::covers(weights, sharded->name_of(piece.param), piece.begin, piece.numel()))
-      return false;
-  return true;
-}
-
-void Trainer::State::load_weights(const checkpoint::TensorMap& weights) {
-  torch::NoGradGuard no_grad;
-  if (sharded) {
-    for (const auto& piece : sharded->owned_pieces())
-      checkpoint::copy_elements(weights, sharded->name_of(piece.param), piece.begin,
-                                sharded->owned_weights(piece));
-    return;
-  }
-  // Whole tensors, or a ZeRO-3 checkpoint's parts (every rank's) put together.
-  const checkpoint::TensorMap whole = checkpoint::whole_weights(weights);
-  for (auto& [name, p] : named_params) {
-    auto it = whole.find(name);
-    if (it == whole.end()) throw CheckpointError("checkpoint has no weights for " + name);
-    if (it->second.sizes() != p.sizes())
-      throw CheckpointError("checkpoint weight " + name + " has a different shape");
-    p.copy_(it->second);
-  }
-}
-
 checkpoint::CheckpointData Trainer::State::capture() const {
   checkpoint::CheckpointData data;
-  data.model = weights();
-  data.model_in_parts = sharded != nullptr;
-  data.optimizer = optimizer->state_dict();
+  data.model = parallel->weights();
+  data.model_in_parts = parallel->weights_in_parts();
+  data.optimizer = parallel->optimizer().state_dict();
   data.extra_tensors["rng.cpu"] = rng_state_cpu();
   if (device.is_cuda())
     data.extra_tensors["rng.cuda"] = at::globalContext().defaultGenerator(device).get_state();
@@ -95,15 +53,8 @@ checkpoint::CheckpointData Trainer::State::capture() const {
 
 void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restore_data,
                              bool restore_guard) {
-  load_weights(data.model);
-  if (cfg.distributed.zero == 0 && distributed::is_sharded_state(data.optimizer)) {
-    // Every rank needs the whole state: the parts of every rank (build() reads them all), or one
-    // process's whole state.
-    optimizer->load_state_dict(
-        distributed::unsharded_state(named_params, cfg.optim, data.optimizer));
-  } else {
-    optimizer->load_state_dict(data.optimizer);
-  }
+  parallel->load_weights(data.model);
+  parallel->load_optimizer_state(data.optimizer);
   if (scaler) {
     std::map<std::string, torch::Tensor> st;
     for (auto& [k, v] : data.extra_tensors)
@@ -203,7 +154,9 @@ void Trainer::State::record_resume() {
   if (source.crash || on_resume == config::ResumeRecovery::kAlways ||
       (on_resume == config::ResumeRecovery::kStable &&
        source.pointer == checkpoint::Pointer::kStable))
-    recovery->begin_resume(source.path, source.crash ? "crash_loop" : "resume_" + source.mode,
+    recovery->begin_resume(source.path,
+                           source.crash ? std::string(name_of(QuarantineReason::kCrashLoop))
+                                        : resume_reason(source.mode),
                            source.crash, options.resume_data);
   resume_source.reset();  // its tensors are in the model and optimizer now
 }
@@ -231,8 +184,8 @@ RecoveryParts Trainer::State::recovery_parts() {
     restore(data, restore_data, /*restore_guard=*/false);
     if (scaler) scaler->load_state_dict(scale);
   };
-  p.weights = [this] { return weights(); };
-  p.weights_in_parts = sharded != nullptr;
+  p.weights = [this] { return parallel->weights(); };
+  p.weights_in_parts = parallel->weights_in_parts();
   return p;
 }
 

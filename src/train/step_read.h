@@ -2,6 +2,10 @@
 // host memory on the current stream, and wait() blocks until they are done, not until the work
 // queued after them is (the step's update): the host reads the step while the device updates.
 // On the CPU a copy is done when it is queued.
+//
+// Owns: the host copies and the event that marks them done. Called by: host_read.cpp (HostRead:
+// the step's figures) and trainer.cpp (StopAgreement: the stop signal the ranks agreed on, read
+// one step later). Writes: nothing. Saves: nothing (it lives for one step).
 #pragma once
 
 #include <optional>

@@ -128,12 +128,27 @@ std::vector<int64_t> to_vector(const std::vector<torch::Tensor>& parts) {
 
 }  // namespace
 
+void StepRecord::add(const StepTally& t) {
+  LogWindow& w = window_;
+  w.loader_wait_s += t.loader_wait_s;
+  w.guard_s += t.guard_s;
+  w.comm_s += t.comm_s;
+  w.steps += t.applied;
+  w.tokens += t.tokens;
+  w.clipped += t.clipped;
+  w.skipped += t.skipped;
+  w.masked += t.masked;
+  w.kept_losses.insert(w.kept_losses.end(), t.kept_losses.begin(), t.kept_losses.end());
+  w.doc_lengths.insert(w.doc_lengths.end(), t.doc_lengths.begin(), t.doc_lengths.end());
+  w.buckets.insert(w.buckets.end(), t.buckets.begin(), t.buckets.end());
+}
+
 // The figures of the step that closes the logging window, and the guard's periodic signals
 // (update ratios, attention drift), whose warnings follow the metrics line. `update_ratios` is
 // {total, per layer...} from apply_update.
 void Trainer::State::record_step(const StepResult& r, double lr,
-                                 const std::vector<double>& update_ratios) {
-  LogWindow& window = step_record->window();
+                                 const std::vector<double>& update_ratios, const Verdict* v) {
+  const LogWindow& window = step_record->window();
   const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
   data::LoaderStats loader = train_data->take_stats();
   std::vector<guard::GuardEvent> periodic;
@@ -141,7 +156,9 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   if (guard) {
     const auto start = Clock::now();
     periodic = guard->observe_periodic(counters.step, layer_ratios, attention);
-    window.guard_s += seconds_since(start);
+    StepTally periodic_time;
+    periodic_time.guard_s = seconds_since(start);
+    step_record->add(periodic_time);
   }
   if (loader.waits > 0)
     event(EventKind::kLoaderWait, {{"wait_ms", loader.wait_ms}, {"waits", loader.waits}});
@@ -165,8 +182,8 @@ void Trainer::State::record_step(const StepResult& r, double lr,
     const auto& names = layers->names();
     for (size_t i = 0; i < layer_ratios.size(); ++i)
       f.layer_update_ratios.emplace_back(names[i], layer_ratios[i]);
-    for (size_t i = 0; i < last_layer_grad_norms.size() && i < names.size(); ++i)
-      f.layer_grad_norms.emplace_back(names[i], last_layer_grad_norms[i]);
+    for (size_t i = 0; v && i < v->layer_grad_norms.size() && i < names.size(); ++i)
+      f.layer_grad_norms.emplace_back(names[i], v->layer_grad_norms[i]);
     f.screen_threshold = r.screen_threshold;
     f.data_statistics = data_statistics(window.kept_losses, window.doc_lengths, window.buckets);
     f.in_recovery = guard->in_recovery(counters.step);
@@ -179,15 +196,12 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   for (const auto& e : periodic) event(e);
 }
 
-// The applied step's kept samples join the logging window's data statistics.
-void Trainer::State::note_samples() {
-  LogWindow& w = step_record->window();
-  for (size_t i = 0; i < host_samples.losses.size(); ++i)
-    if (host_samples.kept[i]) w.kept_losses.push_back(host_samples.losses[i]);
-  const auto lengths = to_vector(step_samples.doc_lengths);
-  const auto buckets = to_vector(step_samples.buckets);
-  w.doc_lengths.insert(w.doc_lengths.end(), lengths.begin(), lengths.end());
-  w.buckets.insert(w.buckets.end(), buckets.begin(), buckets.end());
+// The applied step's kept samples, for the logging window's data statistics.
+void Trainer::State::tally_samples(StepTally& t, const Verdict& v, const StepResult& r) const {
+  for (size_t i = 0; i < v.samples.losses.size(); ++i)
+    if (v.samples.kept[i]) t.kept_losses.push_back(v.samples.losses[i]);
+  t.doc_lengths = to_vector(r.samples.doc_lengths);
+  t.buckets = to_vector(r.samples.buckets);
 }
 
 // The samples the loader took from the data order must match what the trainer asked for: a

@@ -1,11 +1,14 @@
 // The record of applied steps: one metrics.jsonl line and one progress line per logging window,
 // with the seed's continuous data statistics.
 //
-// Owns the logging window (the timings and counts accumulated since the previous log step) and
-// the newest logged loss. The trainer adds to the window as a step runs (loader wait, guard and
-// communication time, applied/clipped/skipped steps, masked samples) and, at a log step, hands
-// write() the step's figures; write() closes the window. Writes metrics.jsonl (through RunFiles)
-// and the progress line; reads nothing back. One per trainer, one thread.
+// Owns: the logging window (the timings and counts accumulated since the previous log step) and
+// the newest logged loss. Called by: setup.cpp (open_record); trainer.cpp (train_step,
+// apply_unguarded), which adds each step attempt's tally (loader wait, guard and communication
+// time, applied/clipped/skipped, masked and kept samples: values its stages returned);
+// evaluation.cpp (exclude); step_record.cpp's record_step, which at a log step hands write() the
+// step's figures; write() closes the window. Writes: metrics.jsonl (through RunFiles) and the
+// progress line; reads nothing back. Saves: nothing: each start opens a new window, so the first
+// metrics line after a resume covers only the steps since it. One per trainer, one thread.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,16 @@ struct LogWindow {
   std::vector<double> kept_losses;
   std::vector<int64_t> doc_lengths, buckets;
   Clock::time_point start = Clock::now();
+};
+
+// What one step attempt adds to the logging window, from the values its stages returned.
+struct StepTally {
+  double loader_wait_s = 0.0, guard_s = 0.0, comm_s = 0.0;
+  bool applied = false, clipped = false, skipped = false;
+  int64_t tokens = 0;  // trained (all ranks), when applied
+  int64_t masked = 0;  // samples the screen masked
+  std::vector<double> kept_losses;
+  std::vector<int64_t> doc_lengths, buckets;
 };
 
 // What the trainer measured for the step that closes a logging window.
@@ -76,7 +89,8 @@ class StepRecord {
              std::optional<double> loss_floor)
       : files_(&files), progress_(&progress), max_steps_(max_steps), loss_floor_(loss_floor) {}
 
-  LogWindow& window() { return window_; }
+  const LogWindow& window() const { return window_; }
+  void add(const StepTally& t);
   // Time spent outside training (an evaluation) does not count toward the window's throughput.
   void exclude(Clock::duration d) { window_.start += d; }
 

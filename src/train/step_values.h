@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "guard/guard.h"
-#include "train/step_read.h"
+#include "train/host_read.h"
 
 namespace keel::train {
 
@@ -23,6 +23,15 @@ struct StepSamples {
   std::vector<torch::Tensor> doc_lengths, buckets;  // (B) int64 (shards only)
   std::vector<int64_t> fingerprints;                // one per sample, in order: xxh3 of its window
   void clear() { *this = StepSamples(); }
+};
+
+// The step's micro-batches, run forward and backward: (2) on the device, the kept samples' summed
+// cross-entropy and their count, and the samples (kept only when the guard is on).
+struct MicroBatches {
+  torch::Tensor sums;
+  StepSamples samples;
+  double loader_wait_s = 0.0;  // the host's wait for the data
+  double comm_s = 0.0;         // the reductions finished between micro-batches (several ranks)
 };
 
 // What one step's backward pass produced, measured, up to the guard's decision.
@@ -38,16 +47,16 @@ struct StepResult {
   torch::Tensor grad_scale;
   std::optional<double> low_threshold;  // the low side's (set with screen_threshold)
   torch::Tensor kept;                   // () samples kept, over every rank
+  StepSamples samples;                  // this rank's (kept only when the guard is on)
+  double loader_wait_s = 0.0;           // the host's wait for the data
+  double comm_s = 0.0;                  // the reductions the backward passes did not hide
 };
 
-// A step's values on their way to the host, queued before the update: one (K) fp64 tensor
-// [loss, grad_norm, overflow, refused, loss_scale, layer norms (L), sample losses (n), keep (n,
-// screened steps only)], and every rank's (id, fingerprint) pairs (n, 2) int64.
+// A step's values on their way to the host (queued before the update), and under
+// stability.update_gate: device the device's own verdict on the update.
 struct StepReadout {
-  StepRead read;
-  size_t values = 0, pairs = 0;  // their indices in `read`
-  // (1) fp32 on the device, stability.update_gate device only: 1 where the guard's pause levels,
-  // a non-finite value, an overflow or a step screened out whole refuse the update.
+  HostRead read;
+  // (1) fp32 on the device: 1 where guard::refuses_update refuses the update (undefined: no gate).
   torch::Tensor refuse;
 };
 
@@ -72,11 +81,17 @@ struct HostSamples {
   bool low_side(size_t i) const { return duplicate_of[i] >= 0 || low[i]; }
 };
 
-// The guard's decision on a step, with the signals it was taken on (for events and forensics).
+// The guard's decision on a step, with what it was taken on: the step's samples as the host read
+// them, its norms, and the signals (for events and forensics).
 struct Verdict {
   guard::Decision decision;
+  HostSamples samples;
+  double grad_norm = 0.0;
+  std::vector<double> layer_grad_norms;
   nlohmann::json signals;
   bool refused_on_device = false;  // the gate (stability.update_gate: device) held the update back
+  bool clipped = false;            // applied, and clipped
+  double guard_s = 0.0;            // the host's time reading the step and deciding
   guard::Action action() const { return decision.action; }
 };
 

@@ -105,20 +105,17 @@ void Trainer::State::train_step() {
       guard ? guard->screen_threshold(counters.step) : std::nullopt;
   const std::optional<double> low = guard ? guard->low_threshold(counters.step) : std::nullopt;
 
-  torch::Tensor sums = forward_backward(/*keep_samples=*/guard != nullptr, threshold, low);
+  MicroBatches micro = forward_backward(/*keep_samples=*/guard != nullptr, threshold, low);
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
-  faults->after_backward(counters.iteration, sharded ? zero_optimizer->attach_grads() : params);
+  faults->after_backward(counters.iteration, parallel->gradients_after_backward());
   std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
-  const StepResult result = measure(std::move(sums), threshold, low);
-  if (!guard) {  // every step is applied (a non-finite gradient is still refused on the device)
-    range.emplace("keel/optimizer");
-    const QueuedUpdate update = queue_update(result, lr, log_step, torch::Tensor());
-    range.emplace("keel/record");
-    const std::vector<double> update_ratios = finish_update(result, lr, log_step, update, false);
-    if (log_step) {
-      record_step(result, lr, update_ratios);
-      check_consumed();
-    }
+  const StepResult result = measure(std::move(micro), threshold, low);
+  StepTally tally;  // what this attempt adds to the logging window
+  tally.loader_wait_s = result.loader_wait_s;
+  tally.comm_s = result.comm_s;
+  if (!guard) {
+    range.reset();
+    apply_unguarded(result, lr, log_step, tally);
     return;
   }
   range.emplace("keel/guard");
@@ -131,6 +128,8 @@ void Trainer::State::train_step() {
     update = queue_update(result, lr, log_step, readout.refuse);
   }
   Verdict verdict = decide(result, readout, lr);
+  tally.guard_s = verdict.guard_s;
+  tally.masked = verdict.samples.masked;
   record_verdict(verdict);
   if (verdict.action() != guard::Action::kApply) {
     if (update && !verdict.refused_on_device)
@@ -138,6 +137,8 @@ void Trainer::State::train_step() {
           "step {}: the device applied an update that the guard refuses (its pause levels and "
           "its decision disagree)",
           counters.step + 1));
+    tally.skipped = true;
+    step_record->add(tally);
     reject(verdict, result);
     return;
   }
@@ -148,21 +149,41 @@ void Trainer::State::train_step() {
   range.emplace("keel/record");
   const std::vector<double> update_ratios =
       finish_update(result, lr, log_step, *update, verdict.refused_on_device);
-  note_samples();
+  tally.clipped = verdict.clipped;
+  tally_samples(tally, verdict, result);
+  step_record->add(tally_applied(tally));
   if (log_step) {
-    record_step(result, lr, update_ratios);
+    record_step(result, lr, update_ratios, &verdict);
     check_consumed();
   }
   if (accumulation.dynamic()) adjust_accumulation(verdict);
 }
 
+// Without the guard every step is applied (a non-finite gradient is still refused on the device).
+void Trainer::State::apply_unguarded(const StepResult& result, double lr, bool log_step,
+                                     StepTally& tally) {
+  std::optional<monitor::StageRange> range(std::in_place, "keel/optimizer");
+  const QueuedUpdate update = queue_update(result, lr, log_step, torch::Tensor());
+  range.emplace("keel/record");
+  const std::vector<double> update_ratios = finish_update(result, lr, log_step, update, false);
+  step_record->add(tally_applied(tally));
+  if (!log_step) return;
+  record_step(result, lr, update_ratios, nullptr);
+  check_consumed();
+}
+
+// An applied update in the tally, with the tokens it trained on (all ranks).
+StepTally& Trainer::State::tally_applied(StepTally& t) const {
+  t.applied = true;
+  t.tokens = tokens_per_step / accumulation.nominal() * accumulation.steps();
+  return t;
+}
+
 // The applied step's norm (read in decide(): dynamic accumulation needs the guard) moves the
 // count of the steps that follow.
 void Trainer::State::adjust_accumulation(const Verdict& v) {
-  const auto norm = v.signals.find("grad_norm");
-  if (norm == v.signals.end() || !norm->is_number()) return;
-  const auto change = accumulation.observe(counters.step, norm->get<double>(),
-                                           guard && guard->in_recovery(counters.step));
+  const auto change =
+      accumulation.observe(counters.step, v.grad_norm, guard && guard->in_recovery(counters.step));
   if (!change) return;
   event(EventKind::kGradAccum,
         {{"from", change->from},
@@ -179,96 +200,40 @@ bool Trainer::State::is_log_step() const {
 }
 
 data::Batch Trainer::State::next_batch() {
-  const auto wait_start = Clock::now();
   data::Batch batch = train_data->next();
-  step_record->window().loader_wait_s += seconds_since(wait_start);
   faults->corrupt(batch, counters.micro_taken);  // corrupt_batch is keyed to the data position
   counters.took_micro_batch();
   return batch;
-}
-
-// Only the step's last backward pass communicates (ZeRO-2: every one, keeping no whole
-// gradient); its buckets start as they fill (after it, when a fault is to change the gradients,
-// or with overlap off). Whether micro-step `micro`'s gradients are reduced.
-bool Trainer::State::arm_reducer(int64_t micro) {
-  if (sharded) {  // every micro-step, in the backward pass: the ranks' collectives interleave
-    sharded->arm(/*accumulate=*/micro > 0);
-    return true;
-  }
-  const bool last = micro == accumulation.steps() - 1;
-  if (!reducer || !(last || reducer->releases_grads())) return false;
-  const bool start_in_backward =
-      cfg.distributed.overlap && !(last && faults->touches_gradients(counters.iteration));
-  if (start_in_backward || reducer->sharded())
-    reducer->arm(start_in_backward, /*accumulate=*/micro > 0);
-  return true;
-}
-
-void Trainer::State::finish_reduction() {
-  const auto comm_start = Clock::now();
-  if (sharded)
-    sharded->finish();
-  else
-    reducer->finish();
-  step_record->window().comm_s += seconds_since(comm_start);
 }
 
 // Averages across ranks, unscales (fp16), and takes the norms: one pass over the gradients gives
 // the per-parameter norms (the guard's layer norms) and from them the global norm. A screened
 // step's gradients are a sum over the kept samples of 1/samples each: grad_scale makes that a
 // mean over the kept ones (folded into clipping, so no extra pass over the gradients).
-StepResult Trainer::State::measure(torch::Tensor sums, std::optional<double> screen_threshold,
+StepResult Trainer::State::measure(MicroBatches micro, std::optional<double> screen_threshold,
                                    std::optional<double> low_threshold) {
   StepResult r;
-  if (comm.is_process_group()) {
+  r.samples = std::move(micro.samples);
+  r.loader_wait_s = micro.loader_wait_s;
+  r.comm_s = micro.comm_s;
+  const torch::Tensor& sums = micro.sums;
+  {
     const auto comm_start = Clock::now();  // what the backward pass did not hide
     // Gradients averaged over the ranks (an overflow anywhere is then an overflow everywhere);
     // the kept samples' losses and counts summed.
-    if (sharded) {
-      if (!reducer_reported && comm.is_main()) {
-        reducer_reported = true;
-        log::info("dist",
-                  "zero 3: {} units; {} of them reduced during the last backward pass; at most {} "
-                  "gathered at once",
-                  sharded->units(), sharded->reduced_in_backward(), sharded->peak_gathered_units());
-      }
-    } else if (reducer && reducer->armed()) {
-      reducer->finish();
-      if (!reducer_reported && comm.is_main()) {  // once: did the overlap happen?
-        reducer_reported = true;
-        log::info("dist", "gradients {} in {} buckets; {} of them started during the backward pass",
-                  reducer->sharded() ? "reduce-scattered" : "all-reduced", reducer->buckets(),
-                  reducer->started_in_backward());
-      }
-    } else {
-      std::vector<torch::Tensor> grads;
-      for (auto& p : params)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      comm.all_reduce_mean_(grads);
-    }
+    parallel->reduce();
     std::vector<torch::Tensor> totals{sums};
     comm.all_reduce_sum_(totals);
-    step_record->window().comm_s += seconds_since(comm_start);
+    if (comm.is_process_group()) r.comm_s += seconds_since(comm_start);
   }
-  // ZeRO-1: this rank holds the reduced gradient of its own elements only; the norms are summed
-  // over the ranks, and an overflow in any rank's part is an overflow for all.
-  const std::vector<torch::Tensor>& grads =
-      zero_optimizer ? zero_optimizer->attach_grads() : params;
-  if (scaler) {
-    r.found_inf = scaler->unscale_(grads);
-    if (zero_optimizer && comm.is_process_group()) {
-      std::vector<torch::Tensor> flag{*r.found_inf};
-      comm.all_reduce_max_(flag);
-      r.found_inf = flag[0];
-    }
-  }
+  const std::vector<torch::Tensor>& grads = parallel->gradients();
+  if (scaler) r.found_inf = parallel->agree_overflow(scaler->unscale_(grads));
   if (const double growth = faults->gradient_growth(counters.iteration); growth != 1.0)
     for (const auto& p : grads)
       if (p.grad().defined()) p.grad().div_(growth);
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
   r.kept = sums[1];
-  r.param_norms =
-      zero_optimizer ? zero_optimizer->param_grad_norms() : optim::per_param_grad_norms(params);
+  r.param_norms = parallel->param_grad_norms();
   r.screen_threshold = screen_threshold;
   r.low_threshold = screen_threshold ? low_threshold : std::nullopt;
   if (screen_threshold) {
@@ -297,15 +262,14 @@ double Trainer::State::clip_bound() const {
 QueuedUpdate Trainer::State::queue_update(const StepResult& r, double lr, bool log_step,
                                           const torch::Tensor& refuse) {
   QueuedUpdate u;
-  optim::clip_grad_norm_(zero_optimizer ? zero_optimizer->attach_grads() : params, r.clip_bound,
-                         r.grad_norm, r.grad_scale);
+  optim::clip_grad_norm_(parallel->gradients(), r.clip_bound, r.grad_norm, r.grad_scale);
   torch::Tensor non_finite = r.grad_norm.isfinite().logical_not().to(torch::kFloat32).reshape({1});
   u.found_inf = r.found_inf ? torch::maximum(*r.found_inf, non_finite) : non_finite;
   // ZeRO-3: the weights are this rank's parts, their norms summed over the ranks.
   if (log_step)  // the weights before, for the update ratio
-    u.before = torch::_foreach_mul(sharded ? zero_optimizer->owned_weights() : params, 1.0);
+    u.before = torch::_foreach_mul(parallel->updated_weights(), 1.0);
   u.gated = refuse.defined();
-  optimizer->step(lr, u.gated ? torch::maximum(u.found_inf, refuse) : u.found_inf);
+  parallel->optimizer().step(lr, u.gated ? torch::maximum(u.found_inf, refuse) : u.found_inf);
   return u;
 }
 
@@ -314,26 +278,18 @@ std::vector<double> Trainer::State::finish_update(const StepResult& r, double lr
   // The gate held back an update that the guard applies (a grad-norm pause that diagnosis found
   // to be the model's own gradient scale): the skipped step left weights and state untouched, and
   // the gradients are still there.
-  if (refused_on_device) optimizer->step(lr, u.found_inf);
+  if (refused_on_device) parallel->optimizer().step(lr, u.found_inf);
   if (scaler) scaler->update(u.found_inf);
-  optimizer->zero_grad();
+  parallel->optimizer().zero_grad();
   grad_norm_window->push(r.grad_norm);
   counters.applied();
-  ++step_record->window().steps;
-  step_record->window().tokens += tokens_per_step / accumulation.nominal() * accumulation.steps();
   if (guard)
     for (const auto& e : guard->after_update(counters.step)) event(e);
   if (!log_step) return {};
 
-  const std::vector<torch::Tensor>& weights = sharded ? zero_optimizer->owned_weights() : params;
-  torch::Tensor delta_norms, param_norms;
-  if (sharded) {
-    delta_norms = zero_optimizer->param_norms(torch::_foreach_sub(weights, u.before));
-    param_norms = zero_optimizer->param_norms(weights);
-  } else {
-    delta_norms = torch::stack(torch::_foreach_norm(torch::_foreach_sub(params, u.before)));
-    param_norms = torch::stack(torch::_foreach_norm(params));
-  }
+  const std::vector<torch::Tensor>& weights = parallel->updated_weights();
+  const torch::Tensor delta_norms = parallel->param_norms(torch::_foreach_sub(weights, u.before));
+  const torch::Tensor param_norms = parallel->param_norms(weights);
   auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
   auto total = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).reshape({1});
   auto host = torch::cat({total, layer_ratio}).to(torch::kCPU, torch::kFloat64);

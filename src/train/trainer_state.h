@@ -24,9 +24,6 @@
 #include "config/schema.h"
 #include "data/batch.h"
 #include "distributed/communicator.h"
-#include "distributed/grad_reducer.h"
-#include "distributed/sharded_parameters.h"
-#include "distributed/zero_optimizer.h"
 #include "guard/guard.h"
 #include "model/fused_ops.h"
 #include "model/transformer.h"
@@ -43,6 +40,7 @@
 #include "train/layer_groups.h"
 #include "train/memory_watch.h"
 #include "train/micro_graph.h"
+#include "train/parallel_plan.h"
 #include "train/process_settings.h"
 #include "train/quarantine.h"
 #include "train/recovery.h"
@@ -72,22 +70,27 @@ struct Trainer::State {
   void open_record();
   void train_step();
   bool is_log_step() const;
+  void apply_unguarded(const StepResult& result, double lr, bool log_step, StepTally& tally);
+  StepTally& tally_applied(StepTally& t) const;
+  void tally_samples(StepTally& t, const Verdict& v, const StepResult& r) const;
   void adjust_accumulation(const Verdict& v);
   // The screen's bounds for one step: high masks samples above it; low (screen.low quarantine)
   // masks samples below it and those that repeat content seen under another id.
-  torch::Tensor forward_backward(bool keep_samples, std::optional<double> screen_threshold,
-                                 std::optional<double> low_threshold);
+  MicroBatches forward_backward(bool keep_samples, std::optional<double> screen_threshold,
+                                std::optional<double> low_threshold);
+  MicroOutput run_micro(const data::Batch& batch, int64_t micro,
+                        const std::vector<int64_t>& fingerprints,
+                        std::optional<double> screen_threshold, std::optional<double> low_threshold,
+                        double growth);
   // The low side of the screen for one micro-batch: its kept mask from its per-sample losses.
   using LowKeep = std::function<torch::Tensor(const torch::Tensor& per_sample_loss)>;
   // One micro-batch forward, screened, and backward (forward_backward.cpp; a CUDA graph's body).
   MicroOutput micro_step(const torch::Tensor& tokens, const torch::Tensor& threshold,
                          const torch::Tensor& divisor, const LowKeep& low_keep, double growth,
-                         int64_t micro, bool& reduce_now);
+                         int64_t micro);
   // logging.sample_ids: the step's sample ids (every rank's, in rank order) into samples.jsonl.
   void write_sample_ids(std::vector<int64_t> sample_ids, int64_t position);
-  bool arm_reducer(int64_t micro);
-  void finish_reduction();  // the armed reducer's (or ZeRO-3's) reduction, timed as comm_s
-  StepResult measure(torch::Tensor sums, std::optional<double> screen_threshold,
+  StepResult measure(MicroBatches micro, std::optional<double> screen_threshold,
                      std::optional<double> low_threshold);
   double clip_bound() const;
   // ---- the guard's verdict (verdict.cpp)
@@ -105,27 +108,29 @@ struct Trainer::State {
   // |dw|/|w| (empty otherwise).
   std::vector<double> finish_update(const StepResult& r, double lr, bool log_step,
                                     const QueuedUpdate& u, bool refused_on_device);
-  void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios);
+  // `v`: the guard's verdict (null when the guard is off).
+  void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios,
+                   const Verdict* v);
   // The newest logged training loss (NaN before the first log step).
   double loss_logged() const {
     return step_record ? step_record->last_loss() : std::numeric_limits<double>::quiet_NaN();
   }
   // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
   // decision's screen events.
-  void quarantine_screened(guard::Decision& d);
+  void quarantine_screened(const HostSamples& samples, guard::Decision& d);
   // ---- repeated data (repeat_screen.cpp)
   // (B) fp32 on the device: 0 for this micro-batch's samples that repeat content seen under
   // another id or lie below `low` (when there is one), 1 otherwise (NaN losses are the guard's).
   torch::Tensor low_side_keep(const torch::Tensor& per_sample_loss, const data::Batch& batch,
                               const std::vector<int64_t>& fingerprints,
                               std::optional<double> low) const;
-  // The step's repeated and low samples into the guard's signals (and host_samples); every
-  // rank's (id, fingerprint) pairs, (n, 2) on the host, then join the repeat watch.
-  void observe_repeats(guard::StepSignals& s, const torch::Tensor& ids_and_fingerprints,
-                       const StepResult& r);
+  // The step's repeated and low samples into the guard's signals and `samples`; every rank's
+  // (id, fingerprint) pairs then join the repeat watch.
+  void observe_repeats(guard::StepSignals& s, const HostFigures& h, const StepResult& r,
+                       HostSamples& samples);
   // Names the step's repeated and low samples (else its lowest-loss ones), with where they are
   // in the data, in the decision's warnings about repeated data.
-  void name_low_samples(guard::Decision& d) const;
+  void name_low_samples(const HostSamples& samples, guard::Decision& d) const;
   // checkpoint.every_steps: auto, decided once the run has measured a save and some steps: the
   // figures agreed over the ranks, the decision on record.
   void decide_checkpoint_cadence();
@@ -138,7 +143,6 @@ struct Trainer::State {
   void record_events(const guard::Decision& d);
   [[noreturn]] void stop(const guard::Decision& d);
   void check_consumed();
-  void note_samples();
   data::Batch next_batch();
 
   // ---- checkpoints (snapshot.cpp)
@@ -154,12 +158,6 @@ struct Trainer::State {
   // the end of each step for it (`last`: no step follows), which logs where the trace went.
   void start_profiler();
   void finish_profile(bool last);
-  // The weights as this rank holds them: whole by name, or (ZeRO-3) its parts by name and
-  // position (checkpoint/weight_parts.h).
-  checkpoint::TensorMap weights() const;
-  void load_weights(const checkpoint::TensorMap& weights);
-  // Whether `weights` hold every element this rank loads (its own parts, or whole tensors).
-  bool weights_covered_by(const checkpoint::TensorMap& weights) const;
   // The collaborators recovery moves and writes (built with the record).
   RecoveryParts recovery_parts();
 
@@ -178,16 +176,9 @@ struct Trainer::State {
   model::Transformer model{nullptr};
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::vector<torch::Tensor> params;
-  // Several ranks with distributed.overlap: gradient buckets all-reduced during the backward pass.
-  std::unique_ptr<distributed::GradReducer> reducer;
-  // ZeRO-3 over several ranks: the weights sharded by unit, gathered as the model runs (the
-  // model's unit gate; it replaces the reducer).
-  std::unique_ptr<distributed::ShardedParameters> sharded;
-  bool reducer_reported = false;
+  // How the ranks share the step (replicated, ZeRO-1/2/3), with the optimizer.
+  std::unique_ptr<ParallelPlan> parallel;
   std::unique_ptr<LayerGroups> layers;
-  std::unique_ptr<optim::Optimizer> optimizer;
-  distributed::ZeroOptimizer* zero_optimizer =
-      nullptr;  // the optimizer, when distributed.zero is 1, 2 or 3
   std::optional<optim::DynamicLossScaler> scaler;
   // run.cuda_graphs: the micro-batches replayed from a CUDA graph (null: eager).
   std::unique_ptr<MicroGraph> micro_graph;
@@ -216,15 +207,12 @@ struct Trainer::State {
   RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
   std::unique_ptr<monitor::Progress> progress;
   std::unique_ptr<monitor::StepProfiler> profiler;  // --profile
-  StepSamples step_samples;
-  HostSamples host_samples;                   // this step's, read in decide()
-  Quarantine quarantine;                      // quarantine.jsonl (opened with the record)
-  std::vector<double> last_layer_grad_norms;  // this step's, read in decide()
-  std::unique_ptr<StepRecord> step_record;    // metrics.jsonl (opened with the record)
-  std::unique_ptr<Forensics> forensics;       // forensics/ (opened with the record)
-  std::unique_ptr<Recovery> recovery;         // rollback, dropped steps, a resume's recovery
-  std::unique_ptr<MemoryWatch> memory_watch;  // the plan against the measured peak
-  int64_t start_iteration = 0;                // counters.iteration when this start began
+  Quarantine quarantine;                            // quarantine.jsonl (opened with the record)
+  std::unique_ptr<StepRecord> step_record;          // metrics.jsonl (opened with the record)
+  std::unique_ptr<Forensics> forensics;             // forensics/ (opened with the record)
+  std::unique_ptr<Recovery> recovery;               // rollback, dropped steps, a resume's recovery
+  std::unique_ptr<MemoryWatch> memory_watch;        // the plan against the measured peak
+  int64_t start_iteration = 0;                      // counters.iteration when this start began
 
   CheckpointCadence cadence{cfg.checkpoint, cfg.run.max_steps};
 

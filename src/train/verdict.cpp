@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "common/clock.h"
+#include "common/quarantine_reason.h"
 #include "train/trainer_state.h"
 
 namespace keel::train {
@@ -13,17 +14,15 @@ nlohmann::json finite_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
-// The device's verdict on the update: 1 where the guard will refuse it. observe() refuses exactly
-// the steps with a non-finite loss or gradient norm, an fp16 overflow, no sample kept by the
-// screen, or a value past its pause level (guard::PauseLevels); the comparisons are made in fp64
-// on the same values the host reads, so both sides agree to the bit.
+// The device's verdict on the update (guard::refuses_update), compared in fp64 on the values the
+// host will read, so both sides agree to the bit.
 torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels) {
-  const auto loss = r.loss.to(torch::kFloat64), norm = r.grad_norm.to(torch::kFloat64);
-  auto refuse = loss.isfinite().logical_and(norm.isfinite()).logical_not();
-  refuse = refuse.logical_or(r.kept.le(0)).logical_or(norm.gt(levels.grad_norm));
-  refuse = refuse.logical_or(loss.gt(levels.loss));
-  if (r.found_inf) refuse = refuse.logical_or(r.found_inf->reshape({}).gt(0));
-  return refuse.to(torch::kFloat32).reshape({1});
+  const auto fp64 = [](const torch::Tensor& t) { return t.reshape({}).to(torch::kFloat64); };
+  const torch::Tensor overflow =
+      r.found_inf ? fp64(*r.found_inf) : torch::zeros({}, r.loss.options().dtype(torch::kFloat64));
+  return guard::refuses_update(levels, fp64(r.loss), fp64(r.grad_norm), overflow, fp64(r.kept))
+      .to(torch::kFloat32)
+      .reshape({1});
 }
 
 }  // namespace
@@ -33,72 +32,64 @@ torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels) {
 // so that every rank feeds its guard the same values and takes the same decision.
 StepReadout Trainer::State::queue_read(const StepResult& r) {
   torch::NoGradGuard no_grad;  // the loss still carries its graph
-  StepReadout out;
-  const auto dev = r.loss.options();
+  const StepSamples& samples = r.samples;
+  torch::Tensor refuse;
   if (cfg.stability.update_gate == config::UpdateGate::kDevice)
-    out.refuse = refusal(r, guard->pause_levels(counters.step));
-  std::vector<torch::Tensor> parts = {
-      r.loss.reshape({1}),
-      r.grad_norm.reshape({1}),
-      r.found_inf ? r.found_inf->reshape({1}).to(dev) : torch::zeros({1}, dev),
-      out.refuse.defined() ? out.refuse : torch::zeros({1}, dev),
-      scaler ? scaler->scale().reshape({1}).to(dev) : torch::zeros({1}, dev),
-      layers->reduce(r.param_norms)};
-  parts.push_back(comm.all_gather(torch::cat(step_samples.losses).to(dev)));
-  if (r.screen_threshold) parts.push_back(comm.all_gather(torch::cat(step_samples.keep).to(dev)));
-  out.values = out.read.add(torch::cat(parts).to(torch::kFloat64));
-  const auto pairs = torch::stack({torch::cat(step_samples.ids).to(torch::kCPU, torch::kInt64),
-                                   torch::tensor(step_samples.fingerprints, torch::kInt64)},
+    refuse = refusal(r, guard->pause_levels(counters.step));
+  const auto dev = r.loss.device();
+  DeviceFigures f;
+  f.loss = r.loss;
+  f.grad_norm = r.grad_norm;
+  if (r.found_inf) f.overflow = *r.found_inf;
+  f.refused = refuse;
+  if (scaler) f.loss_scale = scaler->scale();
+  f.layer_grad_norms = layers->reduce(r.param_norms);
+  f.sample_losses = comm.all_gather(torch::cat(samples.losses).to(dev));
+  if (r.screen_threshold) f.kept = comm.all_gather(torch::cat(samples.keep).to(dev));
+  const auto pairs = torch::stack({torch::cat(samples.ids).to(torch::kCPU, torch::kInt64),
+                                   torch::tensor(samples.fingerprints, torch::kInt64)},
                                   1);  // (n, 2)
   // One rank's are on the host already; several ranks gather theirs through the device.
-  out.pairs = out.read.add(comm.is_process_group() ? comm.all_gather(pairs.to(device)) : pairs);
-  out.read.queued();
-  return out;
+  f.pairs = comm.is_process_group() ? comm.all_gather(pairs.to(device)) : pairs;
+  return StepReadout{HostRead(f), refuse};
 }
 
 Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double lr) {
   Verdict v;
   const auto start = Clock::now();
-  readout.read.wait();
-  const auto& packed = readout.read.host(readout.values);
-  const auto& pairs = readout.read.host(readout.pairs);
-  const double* p = packed.data_ptr<double>();
-  const int64_t n_layers = static_cast<int64_t>(layers->names().size());
-  const int64_t n = pairs.size(0);
-  const double* sample_loss = p + 5 + n_layers;
-  const double* keep = r.screen_threshold ? sample_loss + n : nullptr;
-  v.refused_on_device = p[3] > 0;
+  const HostFigures h = readout.read.wait();
+  const auto n = static_cast<int64_t>(h.ids.size());
+  v.refused_on_device = h.refused_on_device;
 
   guard::StepSignals s;
   s.step = counters.step;
   s.iteration = counters.iteration;
-  s.loss = p[0];
-  s.grad_norm = p[1];
-  s.overflow = p[2] > 0;
-  s.layer_grad_norms.assign(p + 5, p + 5 + n_layers);
+  s.loss = h.loss;
+  s.grad_norm = h.grad_norm;
+  s.overflow = h.overflow;
+  s.layer_grad_norms = h.layer_grad_norms;
   s.clipped = s.grad_norm > r.clip_bound;
-  if (scaler) s.loss_scale = p[4];
+  s.loss_scale = h.loss_scale;
   s.samples = n;
   s.screen_threshold = r.screen_threshold;
-  host_samples = HostSamples();
+  HostSamples& samples = v.samples;
+  samples.ids = h.ids;
+  samples.losses = h.sample_losses;
+  samples.kept = h.kept;
+  observe_repeats(s, h, r, samples);
   for (int64_t i = 0; i < n; ++i) {
-    host_samples.ids.push_back(pairs.data_ptr<int64_t>()[2 * i]);
-    host_samples.losses.push_back(sample_loss[i]);
-    host_samples.kept.push_back(!keep || keep[i] > 0.5);
-  }
-  observe_repeats(s, pairs, r);
-  for (int64_t i = 0; i < n; ++i) {
-    const bool kept = host_samples.kept[i];
+    const double loss = samples.losses[i];
     // A masked sample below the high bound was masked for the low side (screen.low quarantine).
-    if (kept)
-      s.kept_losses.push_back(sample_loss[i]);
-    else if (!(r.screen_threshold && sample_loss[i] <= *r.screen_threshold))
-      s.masked_losses.push_back(sample_loss[i]);
-    host_samples.masked += !kept;
+    if (samples.kept[i])
+      s.kept_losses.push_back(loss);
+    else if (!(r.screen_threshold && loss <= *r.screen_threshold))
+      s.masked_losses.push_back(loss);
+    samples.masked += !samples.kept[i];
   }
-  last_layer_grad_norms = s.layer_grad_norms;
+  v.grad_norm = s.grad_norm;
+  v.layer_grad_norms = s.layer_grad_norms;
   v.decision = guard->observe(s);
-  name_low_samples(v.decision);
+  name_low_samples(samples, v.decision);
   if (v.decision.needs_diagnosis) {
     // Is the model worse than the snapshot a rollback would restore, on data known to be clean?
     const double ratio = probe_loss() / probe_reference;
@@ -109,21 +100,20 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
                {"lr", lr},
                {"clip_bound", r.clip_bound},
                {"layer_grad_norms", s.layer_grad_norms}};
-  if (v.action() == guard::Action::kApply && s.clipped) ++step_record->window().clipped;
-  step_record->window().masked += host_samples.masked;
-  step_record->window().guard_s += seconds_since(start);
+  v.clipped = v.action() == guard::Action::kApply && s.clipped;
+  v.guard_s = seconds_since(start);
   return v;
 }
 
 // The verdict on record: the screen's masked samples in quarantine.jsonl (named in its screen
 // events), the guard's events, and the end of the run when it aborts.
 void Trainer::State::record_verdict(Verdict& v) {
-  quarantine_screened(v.decision);
+  quarantine_screened(v.samples, v.decision);
   if (v.action() == guard::Action::kAbort) stop(v.decision);
   record_events(v.decision);
 }
 
-void Trainer::State::quarantine_screened(guard::Decision& d) {
+void Trainer::State::quarantine_screened(const HostSamples& host_samples, guard::Decision& d) {
   if (host_samples.masked == 0) return;
   const bool low_masking = cfg.stability.screen.low == config::LowScreen::kQuarantine;
   std::vector<std::pair<double, int64_t>> masked;  // (loss, id)
@@ -132,10 +122,11 @@ void Trainer::State::quarantine_screened(guard::Decision& d) {
     if (!low_masking || !host_samples.low_side(i)) {
       masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
     } else if (host_samples.duplicate_of[i] >= 0) {
-      quarantine.record(host_samples.ids[i], counters, "repeated_data", host_samples.losses[i],
-                        {{"duplicate_of", host_samples.duplicate_of[i]}});
+      quarantine.record(host_samples.ids[i], counters, name_of(QuarantineReason::kRepeatedData),
+                        host_samples.losses[i], {{"duplicate_of", host_samples.duplicate_of[i]}});
     } else {
-      quarantine.record(host_samples.ids[i], counters, "low_loss", host_samples.losses[i]);
+      quarantine.record(host_samples.ids[i], counters, name_of(QuarantineReason::kLowLoss),
+                        host_samples.losses[i]);
     }
   }
   if (masked.empty()) return;
@@ -148,10 +139,9 @@ void Trainer::State::quarantine_screened(guard::Decision& d) {
 // A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
 void Trainer::State::reject(const Verdict& v, const StepResult& r) {
   if (scaler && r.found_inf) scaler->update(*r.found_inf);
-  optimizer->zero_grad();
+  parallel->optimizer().zero_grad();
   counters.rejected();
-  ++step_record->window().skipped;
-  const StepEvidence evidence{v, host_samples, step_samples};
+  const StepEvidence evidence{v, r.samples};
   if (v.action() == guard::Action::kPause) recovery->rollback(evidence);
   if (v.decision.skip_reason == guard::SkipReason::kIncident ||
       v.decision.skip_reason == guard::SkipReason::kData)

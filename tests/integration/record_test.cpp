@@ -175,7 +175,8 @@ TEST(RecordIntegration, AFreshStartSetsTheEarlierRunAside) {
   ScratchDir dir("fresh_again");
   const std::string args = "train" + kQuickRun + " --run-dir " + dir.str() +
                            " --set run.max_steps=6 --set checkpoint.every_steps=3";
-  ASSERT_EQ(run_keel(args).exit_code, 0);
+  ASSERT_EQ(run_keel(args + " --profile 2").exit_code, 0);
+  ASSERT_TRUE(std::filesystem::exists(dir.path() / "profile"));
   std::ofstream(dir.path() / "notes.txt") << "the user's own file\n";
   auto r = run_keel(args + " --set run.max_steps=4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -190,6 +191,8 @@ TEST(RecordIntegration, AFreshStartSetsTheEarlierRunAside) {
   EXPECT_EQ(read_jsonl(aside[0] / "metrics.jsonl").size(), 6u);
   EXPECT_TRUE(std::filesystem::exists(aside[0] / "checkpoints" / "step_00000006"));
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "checkpoints" / "step_00000006"));
+  EXPECT_TRUE(std::filesystem::exists(aside[0] / "profile"));  // the trace goes with its run
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "profile"));
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "notes.txt"));  // only keel's record moves
 }
 

@@ -21,6 +21,11 @@ std::map<int64_t, double> losses_by_step(const std::filesystem::path& run_dir) {
   return out;
 }
 
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
 std::vector<std::string> event_kinds(const std::filesystem::path& run_dir,
                                      bool skip_checkpoints = true) {
   std::vector<std::string> kinds;
@@ -63,6 +68,25 @@ TEST(ResumeIntegration, KilledAndResumedRunIsBitExact) {
   auto wb = checkpoint::read_safetensors(b.path() / "checkpoints/step_00000012/model.safetensors");
   ASSERT_EQ(wa.tensors.size(), wb.tensors.size());
   for (auto& [name, t] : wa.tensors) EXPECT_TRUE(torch::equal(t, wb.tensors.at(name))) << name;
+  // Every component's saved state at the end (counters, data position, schedule, guard, RNG,
+  // optimizer, repeat watch) is what the uninterrupted run saved: a member that changes during
+  // training and is missing from its component's state differs after the resume.
+  const auto step12 = [](const ScratchDir& d) { return d.path() / "checkpoints/step_00000012"; };
+  const auto sa = read_json(step12(a) / "trainer_state.json");
+  const auto sb = read_json(step12(b) / "trainer_state.json");
+  for (const auto& [component, state] : sa.items()) {
+    ASSERT_TRUE(sb.contains(component)) << component;
+    EXPECT_EQ(state, sb[component]) << component;
+  }
+  EXPECT_EQ(sa.size(), sb.size());
+  for (const char* stem : {"optimizer", "extra"}) {
+    const std::string file = std::string(stem) + ".rank0.safetensors";
+    auto ta = checkpoint::read_safetensors(step12(a) / file);
+    auto tb = checkpoint::read_safetensors(step12(b) / file);
+    ASSERT_EQ(ta.tensors.size(), tb.tensors.size()) << file;
+    for (auto& [name, t] : ta.tensors)
+      EXPECT_TRUE(torch::equal(t, tb.tensors.at(name))) << file << ": " << name;
+  }
   auto kinds = event_kinds(b.path(), false);
   EXPECT_NE(std::find(kinds.begin(), kinds.end(), "resume"), kinds.end());
 }

@@ -51,13 +51,20 @@ TEST(StepRecord, WritesOneLinePerWindowAndOpensANewOne) {
   StepRecord record(files, progress, /*max_steps=*/100, std::nullopt);
   EXPECT_TRUE(std::isnan(record.last_loss()));
 
-  LogWindow& w = record.window();
-  w.steps = 4;
-  w.tokens = 4 * 256;
-  w.clipped = 1;
-  w.skipped = 2;
-  w.masked = 3;
-  w.loader_wait_s = 0.008;
+  // Six step attempts: four applied (one clipped), two skipped, three samples masked.
+  for (int i = 0; i < 6; ++i) {
+    StepTally t;
+    t.applied = i < 4;
+    t.tokens = t.applied ? 256 : 0;
+    t.clipped = i == 0;
+    t.skipped = !t.applied;
+    t.masked = i < 3;
+    t.loader_wait_s = i == 0 ? 0.008 : 0.0;
+    record.add(t);
+  }
+  EXPECT_EQ(record.window().steps, 4);
+  EXPECT_EQ(record.window().skipped, 2);
+  EXPECT_EQ(record.window().masked, 3);
   StepFigures f;
   f.step = 10;
   f.loss = 2.5;
