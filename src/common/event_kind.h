@@ -27,9 +27,10 @@ enum class EventKind {
   kRecoveryEnd,        // and ended
   kIncidentEnd,        // an incident closed: training clean again
   kAbort,              // the run stopped itself (exit 3)
+  kHardwareFault,      // the ranks' reduced gradients disagree: a device computed wrong; skipped
 };
 // The last kind: every kind is EventKind(0) .. kLastEventKind, for the tests that each is known.
-constexpr EventKind kLastEventKind = EventKind::kAbort;
+constexpr EventKind kLastEventKind = EventKind::kHardwareFault;
 
 // The name events.jsonl carries ("run_start", "skip_nan", ...).
 constexpr const char* name_of(EventKind kind) {
@@ -76,6 +77,8 @@ constexpr const char* name_of(EventKind kind) {
       return "incident_end";
     case EventKind::kAbort:
       return "abort";
+    case EventKind::kHardwareFault:
+      return "hardware_fault";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
 #include "guard/guard.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -424,6 +425,64 @@ Decision Guard::observe(const StepSignals& s) {
   absorb(s);
   watch_rates(s, d);
   watch_periodicity(s, d);
+  return d;
+}
+
+namespace {
+
+// The ranks whose value differs from the one more than half of them hold (bit for bit: the reduced
+// gradients of healthy replicas are the same to the bit); empty when no value has a majority.
+std::vector<int64_t> minority_ranks(const std::vector<double>& values) {
+  const auto same = [](double a, double b) {
+    return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b);
+  };
+  for (double candidate : values) {
+    const auto holders =
+        std::count_if(values.begin(), values.end(), [&](double v) { return same(v, candidate); });
+    if (2 * static_cast<size_t>(holders) <= values.size()) continue;
+    std::vector<int64_t> out;
+    for (size_t r = 0; r < values.size(); ++r)
+      if (!same(values[r], candidate)) out.push_back(static_cast<int64_t>(r));
+    return out;
+  }
+  return {};
+}
+
+}  // namespace
+
+Decision Guard::replicas_disagree(const StepSignals& s,
+                                  const std::vector<double>& rank_grad_norms) {
+  Decision d;
+  const std::vector<int64_t> odd = minority_ranks(rank_grad_norms);
+  hardware_faults_.push_back(s.iteration);
+  while (!hardware_faults_.empty() &&
+         s.iteration - hardware_faults_.front() >= kHardwareFaultWindow)
+    hardware_faults_.pop_front();
+  nlohmann::json norms = nlohmann::json::array();
+  for (double v : rank_grad_norms) norms.push_back(finite_or_null(v));
+  nlohmann::json detail = {{"rank_grad_norms", norms},
+                           {"ranks", odd},
+                           {"recent", hardware_faults_.size()},
+                           {"window", kHardwareFaultWindow}};
+  const std::string who =
+      odd.empty() ? fmt::format("the {} ranks disagree with no majority, so none can be named",
+                                rank_grad_norms.size())
+                  : fmt::format("rank(s) {} differ from the others", nlohmann::json(odd).dump());
+  d.events.push_back(
+      {EventKind::kHardwareFault, detail,
+       fmt::format("the ranks' reduced gradients should be equal and are not (global norms {}); "
+                   "{}: a device computed a wrong result. The step is skipped on every rank; its "
+                   "data is not blamed",
+                   norms.dump(), who)});
+  d.action = Action::kSkip;
+  d.skip_reason = SkipReason::kHardware;
+  if (static_cast<int64_t>(hardware_faults_.size()) >= kHardwareFaultsToStop)
+    abort(
+        "hardware_fault",
+        fmt::format("{} steps within {} attempts had ranks whose reduced gradients disagree ({}): "
+                    "a faulty device; take its host out of the job and resume (--resume latest)",
+                    hardware_faults_.size(), kHardwareFaultWindow, who),
+        detail, d);
   return d;
 }
 

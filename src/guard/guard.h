@@ -123,6 +123,7 @@ enum class SkipReason {
   kScreenedOut,  // the screen masked every sample (diagnosis pending)
   kData,         // the model was fine: the step's data set the alarm off
   kIncident,     // the incident's rollbacks are spent
+  kHardware,     // the ranks' reduced gradients disagreed: a device computed wrong
 };
 
 struct Decision {
@@ -192,6 +193,14 @@ class Guard {
   // median - screen.z robust standard deviations) of the same baseline; nullopt while the screen
   // is off or when that is not above 0.
   std::optional<double> low_threshold(int64_t step) const;
+
+  // Several ranks whose reduced gradients should be equal (every rank's global norm, in rank
+  // order) disagree: a device computed a wrong result, which neither the data nor the model
+  // explains. The step is skipped on every rank (nothing quarantined) with a hardware_fault event
+  // naming the ranks outside the majority (none with two ranks: no majority); the run stops (exit
+  // 3) when kHardwareFaultsToStop such steps fall within kHardwareFaultWindow attempts. Call it
+  // instead of observe() for that step.
+  Decision replicas_disagree(const StepSignals& s, const std::vector<double>& rank_grad_norms);
 
   // The levels observe() pauses step `step` at (its values not yet known).
   PauseLevels pause_levels(int64_t step) const;
@@ -341,6 +350,7 @@ class Guard {
   std::optional<Incident> open_;
   std::vector<Incident> closed_;
   std::deque<int64_t> incident_starts_;  // iterations at which incidents opened (rate budget)
+  std::deque<int64_t> hardware_faults_;  // iterations of the recent replicas_disagree() steps
   StepSignals pending_;                  // the step a decision awaiting diagnosis is about
 };
 
@@ -371,6 +381,11 @@ inline constexpr int64_t kDriftPersistence = 2;
 // Weight of the newest reading in the attention trend (per log step): slow enough that a jump
 // stands out, fast enough to follow the growth of healthy training.
 inline constexpr double kAttentionTrendWeight = 0.3;
+// A device that computes a wrong result once is a transient fault: the step is skipped and the run
+// goes on. kHardwareFaultsToStop such steps within kHardwareFaultWindow attempts is a device that
+// keeps doing it: the run stops, naming it, rather than skip steps until it is stuck.
+inline constexpr int64_t kHardwareFaultsToStop = 3;
+inline constexpr int64_t kHardwareFaultWindow = 100;
 // The model is at fault when its loss on the reference batch exceeds the newest stable snapshot's
 // by more than this factor (a fixed batch: only the model changes it).
 inline constexpr double kModelWorse = 1.1;

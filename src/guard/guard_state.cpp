@@ -81,7 +81,8 @@ nlohmann::json Guard::state() const {
           {"last_period_warn_step", last_period_warn_step_},
           {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
           {"incidents", closed},
-          {"incident_starts", incident_starts_}};
+          {"incident_starts", incident_starts_},
+          {"hardware_faults", hardware_faults_}};
 }
 
 // The baselines the statistics of applied steps teach: what a rollback restores with the weights
@@ -154,6 +155,9 @@ void Guard::load_state(const nlohmann::json& st) {
   incident_starts_.clear();
   for (int64_t v : st.value("incident_starts", std::vector<int64_t>{}))
     incident_starts_.push_back(v);
+  hardware_faults_.clear();
+  for (int64_t v : st.value("hardware_faults", std::vector<int64_t>{}))
+    hardware_faults_.push_back(v);
 }
 
 }  // namespace keel::guard

@@ -10,7 +10,7 @@
 //
 // Owns: the newest kRepeatWatchSamples (hash, id) pairs and the id each content was first seen
 // under (RepeatWatch); the newest kPeriodWindow losses (LossPeriodicity). Called by: the trainer
-// (repeat_screen.cpp: duplicate_of, remember; snapshot.cpp: state, load_state) for RepeatWatch;
+// (train/screen.cpp: duplicate_of, remember; snapshot.cpp: state, load_state) for RepeatWatch;
 // the guard (guard.cpp, advisory.cpp, guard_state.cpp) for LossPeriodicity. Writes: nothing.
 // Saves: RepeatWatch's pairs as the checkpoint's extra tensor "repeat_watch" (guard on), loaded
 // by a resume and kept through a rollback; LossPeriodicity under trainer_state.json's "guard"

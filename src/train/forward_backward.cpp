@@ -29,8 +29,8 @@ void add_samples(StepSamples& samples, const data::Batch& batch, const MicroOutp
 MicroBatches Trainer::State::forward_backward(bool keep_samples,
                                               std::optional<double> screen_threshold,
                                               std::optional<double> low_threshold) {
-  const int64_t accum = accumulation.steps();
-  const double growth = faults->gradient_growth(counters.iteration);
+  const int64_t accum = feed.accumulation.steps();
+  const double growth = launch.faults->gradient_growth(counters.iteration);
   model->train();
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   torch::Tensor loss_sum = torch::zeros({}, fp32), kept = torch::zeros({}, fp32);
@@ -49,7 +49,7 @@ MicroBatches Trainer::State::forward_backward(bool keep_samples,
                         ids.data_ptr<int64_t>() + ids.numel());
     }
     const std::vector<int64_t> fingerprints =
-        keep_samples ? sample_fingerprints(batch.tokens) : std::vector<int64_t>{};
+        keep_samples ? Screen::fingerprints(batch.tokens) : std::vector<int64_t>{};
     range.reset();
     const MicroOutput out =
         run_micro(batch, micro, fingerprints, screen_threshold, low_threshold, growth);
@@ -73,10 +73,10 @@ MicroOutput Trainer::State::run_micro(const data::Batch& batch, int64_t micro,
                                       const std::vector<int64_t>& fingerprints,
                                       std::optional<double> screen_threshold,
                                       std::optional<double> low_threshold, double growth) {
-  const auto accum = static_cast<double>(accumulation.steps());
-  if (micro_graph && growth == 1.0) {
+  const auto accum = static_cast<double>(feed.accumulation.steps());
+  if (compute.micro_graph && growth == 1.0) {
     monitor::StageRange graph_range("keel/graph");
-    auto out = micro_graph->run(
+    auto out = compute.micro_graph->run(
         batch.tokens, screen_threshold.value_or(std::numeric_limits<double>::infinity()), accum,
         [this, micro](const auto& tokens, const auto& level, const auto& divisor) {
           return micro_step(tokens, level, divisor, {}, 1.0, micro);
@@ -85,12 +85,12 @@ MicroOutput Trainer::State::run_micro(const data::Batch& batch, int64_t micro,
   }
   // After the capture the attention statistics are the graph's tensors, which each replay
   // rewrites: an eager pass must not put its own in their place.
-  const bool graph_stats = micro_graph && micro_graph->captured();
+  const bool graph_stats = compute.micro_graph && compute.micro_graph->captured();
   if (graph_stats) model->set_record_activation_stats(false);
   LowKeep low_keep;
-  if (screen_threshold && cfg.stability.screen.low == config::LowScreen::kQuarantine)
+  if (defence.screen.masks_low_side({screen_threshold, low_threshold}))
     low_keep = [&](const torch::Tensor& losses) {
-      return low_side_keep(losses, batch, fingerprints, low_threshold);
+      return defence.screen.low_side_keep(losses, batch, fingerprints, low_threshold);
     };
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   MicroOutput out =
@@ -109,7 +109,7 @@ MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch:
   model::LossOutput out;
   {
     monitor::StageRange range("keel/forward");
-    optim::AutocastScope autocast(device.type(), precision);
+    optim::AutocastScope autocast(device.type(), compute.precision);
     out = model->loss(tokens.slice(1, 0, -1), tokens.slice(1, 1));
   }
   MicroOutput m;
@@ -121,10 +121,8 @@ MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch:
   // the gradient of one batch accum times larger.
   torch::Tensor objective = out.loss;
   if (threshold.defined()) {
-    m.keep = out.per_sample_loss.le(threshold)
-                 .logical_or(out.per_sample_loss.isnan())
-                 .to(torch::kFloat32);  // (B)
-    if (low_keep) m.keep = m.keep * low_keep(out.per_sample_loss);
+    m.keep = Screen::keep_mask(out.per_sample_loss, threshold,
+                               low_keep ? low_keep(out.per_sample_loss) : torch::Tensor());
     // The masked samples' share taken back out: x - 0 is x, so a step that masks nothing
     // computes exactly what an unscreened step does, bit for bit.
     const auto masked = 1.0 - m.keep;
@@ -135,7 +133,8 @@ MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch:
   torch::Tensor scaled = objective / divisor;
   if (scaler) scaled = scaled * scaler->scale();
   if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
-  parallel->arm(micro, accumulation.steps(), faults->touches_gradients(counters.iteration));
+  parallel->arm(micro, feed.accumulation.steps(),
+                launch.faults->touches_gradients(counters.iteration));
   monitor::StageRange range("keel/backward");
   scaled.backward();
   return m;
@@ -148,11 +147,11 @@ void Trainer::State::write_sample_ids(std::vector<int64_t> sample_ids, int64_t p
                          .contiguous();
     sample_ids.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
   }
-  files.samples.write(monitor::JsonRecord()
-                          .add("step", counters.step + 1)
-                          .add("iteration", counters.iteration)
-                          .add("position", position)
-                          .add("ids", nlohmann::json(sample_ids)));
+  record.files.samples.write(monitor::JsonRecord()
+                                 .add("step", counters.step + 1)
+                                 .add("iteration", counters.iteration)
+                                 .add("position", position)
+                                 .add("ids", nlohmann::json(sample_ids)));
 }
 
 }  // namespace keel::train

@@ -4,7 +4,8 @@ namespace keel::train {
 namespace {
 
 // The packed layout, in order: loss, grad_norm, overflow, refused, loss_scale, then the L layer
-// norms, the n sample losses and (screened steps) the n kept flags.
+// norms, the R ranks' global norms (several ranks), the n sample losses and (screened steps) the
+// n kept flags.
 constexpr int64_t kLoss = 0, kGradNorm = 1, kOverflow = 2, kRefused = 3, kLossScale = 4,
                   kLayers = 5;
 
@@ -16,13 +17,15 @@ torch::Tensor one(const torch::Tensor& value, const torch::TensorOptions& dev) {
 
 HostRead::HostRead(const DeviceFigures& f)
     : layers_(f.layer_grad_norms.numel()),
+      ranks_(f.rank_grad_norms.defined() ? f.rank_grad_norms.numel() : 0),
       screened_(f.kept.defined()),
       scaled_(f.loss_scale.defined()) {
   const auto dev = f.loss.options();
   std::vector<torch::Tensor> parts = {one(f.loss, dev),       one(f.grad_norm, dev),
                                       one(f.overflow, dev),   one(f.refused, dev),
-                                      one(f.loss_scale, dev), f.layer_grad_norms.to(dev),
-                                      f.sample_losses.to(dev)};
+                                      one(f.loss_scale, dev), f.layer_grad_norms.to(dev)};
+  if (ranks_ > 0) parts.push_back(f.rank_grad_norms.to(dev));
+  parts.push_back(f.sample_losses.to(dev));
   if (screened_) parts.push_back(f.kept.to(dev));
   values_ = read_.add(torch::cat(parts).to(torch::kFloat64));
   pairs_ = read_.add(f.pairs.to(torch::kInt64));
@@ -42,7 +45,9 @@ HostFigures HostRead::wait() {
   h.refused_on_device = p[kRefused] > 0;
   if (scaled_) h.loss_scale = p[kLossScale];
   h.layer_grad_norms.assign(p + kLayers, p + kLayers + layers_);
-  const double* losses = p + kLayers + layers_;
+  const double* ranks = p + kLayers + layers_;
+  h.rank_grad_norms.assign(ranks, ranks + ranks_);
+  const double* losses = ranks + ranks_;
   h.sample_losses.assign(losses, losses + n);
   for (int64_t i = 0; i < n; ++i) h.kept.push_back(!screened_ || losses[n + i] > 0.5);
   const int64_t* id_hash = pairs.data_ptr<int64_t>();

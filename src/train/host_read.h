@@ -27,6 +27,7 @@ struct DeviceFigures {
   torch::Tensor sample_losses;     // (n) every rank's, in rank order
   torch::Tensor kept;              // (n) 1/0 (undefined: the step was not screened)
   torch::Tensor pairs;             // (n, 2) int64 (id, fingerprint), on the host or the device
+  torch::Tensor rank_grad_norms;   // (world) every rank's global norm (undefined: one rank)
 };
 
 // The same figures on the host.
@@ -40,6 +41,7 @@ struct HostFigures {
   std::vector<double> sample_losses;
   std::vector<bool> kept;  // every sample's (all true when the step was not screened)
   std::vector<int64_t> ids, fingerprints;
+  std::vector<double> rank_grad_norms;  // every rank's, in rank order (empty: one rank)
 };
 
 class HostRead {
@@ -52,7 +54,7 @@ class HostRead {
  private:
   StepRead read_;
   size_t values_ = 0, pairs_ = 0;  // their indices in read_
-  int64_t layers_ = 0;
+  int64_t layers_ = 0, ranks_ = 0;
   bool screened_ = false, scaled_ = false;
 };
 

@@ -40,11 +40,34 @@ torch::Tensor local_norms(const std::vector<torch::Tensor>& tensors) {
   return torch::stack(torch::_foreach_norm(tensors));
 }
 
+// The plans under which every rank holds the whole weights (replicated, ZeRO-1 and 2).
+class WholeWeights : public ParallelPlan {
+ public:
+  explicit WholeWeights(const NamedParams& named) : named_(named), params_(tensors_of(named)) {}
+
+  const std::vector<torch::Tensor>& gradients_after_backward() override { return params_; }
+  const std::vector<torch::Tensor>& updated_weights() override { return params_; }
+  torch::Tensor param_norms(const std::vector<torch::Tensor>& like) override {
+    return local_norms(like);
+  }
+  checkpoint::TensorMap weights() const override { return whole_weights(named_); }
+  bool weights_covered_by(const checkpoint::TensorMap& weights) const override {
+    return !checkpoint::is_weight_parts(weights);
+  }
+  void load_weights(const checkpoint::TensorMap& weights) override {
+    load_whole_weights(named_, weights);
+  }
+
+ protected:
+  NamedParams named_;
+  std::vector<torch::Tensor> params_;
+};
+
 // Every rank holds everything; one process is this plan with nothing to reduce.
-class Replicated final : public ParallelPlan {
+class Replicated final : public WholeWeights {
  public:
   Replicated(const config::Config& cfg, distributed::Communicator& comm, const NamedParams& named)
-      : cfg_(cfg), comm_(comm), named_(named), params_(tensors_of(named)) {
+      : WholeWeights(named), cfg_(cfg), comm_(comm) {
     if (comm.is_process_group() && cfg.distributed.overlap)
       reducer_ =
           std::make_unique<distributed::GradReducer>(comm, params_, cfg.distributed.bucket_mb,
@@ -59,7 +82,6 @@ class Replicated final : public ParallelPlan {
       reducer_->arm(/*start_in_backward=*/true, /*accumulate=*/micro > 0);
   }
   void after_backward(int64_t, int64_t) override {}
-  const std::vector<torch::Tensor>& gradients_after_backward() override { return params_; }
   void reduce() override {
     if (!comm_.is_process_group()) return;
     if (reducer_ && reducer_->armed()) {
@@ -80,18 +102,7 @@ class Replicated final : public ParallelPlan {
   }
   const std::vector<torch::Tensor>& gradients() override { return params_; }
   torch::Tensor param_grad_norms() override { return optim::per_param_grad_norms(params_); }
-  const std::vector<torch::Tensor>& updated_weights() override { return params_; }
-  torch::Tensor param_norms(const std::vector<torch::Tensor>& like) override {
-    return local_norms(like);
-  }
 
-  checkpoint::TensorMap weights() const override { return whole_weights(named_); }
-  bool weights_covered_by(const checkpoint::TensorMap& weights) const override {
-    return !checkpoint::is_weight_parts(weights);
-  }
-  void load_weights(const checkpoint::TensorMap& weights) override {
-    load_whole_weights(named_, weights);
-  }
   // A sharded state's own part covers this rank's whole state only when it is the one rank.
   bool optimizer_state_covered_by(const checkpoint::TensorMap&) const override {
     return comm_.world_size() == 1;
@@ -108,8 +119,6 @@ class Replicated final : public ParallelPlan {
  private:
   const config::Config& cfg_;
   distributed::Communicator& comm_;
-  NamedParams named_;
-  std::vector<torch::Tensor> params_;
   std::unique_ptr<distributed::GradReducer> reducer_;  // several ranks with distributed.overlap
   bool reported_ = false;
 };
@@ -118,11 +127,11 @@ class Replicated final : public ParallelPlan {
 // pass (ZeRO-2 in every micro-step, releasing each gradient once it is in its bucket); each rank
 // updates its own elements. On one process every level keeps the whole state as ZeRO-1 does (the
 // same checkpoint format), with nothing to reduce.
-class ShardedOptimizer final : public ParallelPlan {
+class ShardedOptimizer final : public WholeWeights {
  public:
   ShardedOptimizer(const config::Config& cfg, distributed::Communicator& comm,
                    const NamedParams& named)
-      : cfg_(cfg), comm_(comm), named_(named), params_(tensors_of(named)) {
+      : WholeWeights(named), cfg_(cfg), comm_(comm) {
     if (comm.is_process_group())
       reducer_ = std::make_unique<distributed::GradReducer>(
           comm, params_, cfg.distributed.bucket_mb, /*shard=*/true,
@@ -142,7 +151,6 @@ class ShardedOptimizer final : public ParallelPlan {
   void after_backward(int64_t micro, int64_t micro_steps) override {
     if (reducer_ && reducer_->armed() && micro < micro_steps - 1) reducer_->finish();
   }
-  const std::vector<torch::Tensor>& gradients_after_backward() override { return params_; }
   void reduce() override {
     if (!reducer_ || !reducer_->armed()) return;
     reducer_->finish();
@@ -162,18 +170,7 @@ class ShardedOptimizer final : public ParallelPlan {
     comm_.all_reduce_max_(flag);
     return flag[0];
   }
-  const std::vector<torch::Tensor>& updated_weights() override { return params_; }
-  torch::Tensor param_norms(const std::vector<torch::Tensor>& like) override {
-    return local_norms(like);
-  }
 
-  checkpoint::TensorMap weights() const override { return whole_weights(named_); }
-  bool weights_covered_by(const checkpoint::TensorMap& weights) const override {
-    return !checkpoint::is_weight_parts(weights);
-  }
-  void load_weights(const checkpoint::TensorMap& weights) override {
-    load_whole_weights(named_, weights);
-  }
   bool optimizer_state_covered_by(const checkpoint::TensorMap& state) const override {
     return zero_->covered_by(state);
   }
@@ -184,8 +181,6 @@ class ShardedOptimizer final : public ParallelPlan {
  private:
   const config::Config& cfg_;
   distributed::Communicator& comm_;
-  NamedParams named_;
-  std::vector<torch::Tensor> params_;
   std::unique_ptr<distributed::GradReducer> reducer_;  // several ranks
   distributed::ZeroOptimizer* zero_;                   // optimizer_
   bool reported_ = false;

@@ -4,7 +4,7 @@
 //
 // Owns: the record and the ids on it since the newest stable snapshot: a rollback re-reads the
 // data from that snapshot and must not record a sample twice. Called by: setup.cpp (opened with
-// the record), verdict.cpp (quarantine_screened: the screen's masked, repeated and low samples),
+// the record), screen.cpp (quarantine_masked: the screen's masked, repeated and low samples),
 // recovery.cpp (record: a rollback's window, a dropped step, a recovering resume's skipped data)
 // and snapshot.cpp (stable_snapshot_taken() when a snapshot becomes stable: no rollback goes back
 // past it). Writes: quarantine.jsonl only (rank 0's file; other ranks' discard). Saves: nothing: a

@@ -3,6 +3,8 @@
 // its first write, so a refused start leaves the run directory as it was; then the record opens.
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
@@ -86,6 +88,25 @@ torch::Device select_device(config::Device requested, int local_rank) {
                        static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
+// Every rank's "host device", in rank order: what a hardware_fault event names. One gather of
+// fixed-length character codes at the start.
+std::vector<std::string> rank_hosts(distributed::Communicator& comm, const torch::Device& device) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') name[0] = '?';
+  const std::string mine = std::string(name) + " " + device.str();
+  constexpr int64_t kChars = 128;
+  std::vector<int64_t> codes(kChars, 0);
+  for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kChars); ++i)
+    codes[i] = static_cast<unsigned char>(mine[i]);
+  const auto all =
+      comm.all_gather(torch::tensor(codes, torch::kInt64).to(device)).to(torch::kCPU).contiguous();
+  std::vector<std::string> out(static_cast<size_t>(comm.world_size()));
+  for (int r = 0; r < comm.world_size(); ++r)
+    for (int64_t i = 0; i < kChars && all.data_ptr<int64_t>()[r * kChars + i] != 0; ++i)
+      out[r] += static_cast<char>(all.data_ptr<int64_t>()[r * kChars + i]);
+  return out;
+}
+
 std::string resolve_run_dir(const config::Config& cfg, const TrainOptions& options) {
   if (!options.run_dir.empty()) return options.run_dir;
   return (fs::path(cfg.run.out_dir) / cfg.run.name).string();
@@ -138,8 +159,8 @@ void set_earlier_run_aside(const fs::path& run_dir) {
 // checkpoint) leaves the run directory byte for byte as it was; every rank refuses together.
 // Only then does the record open, and a resume go on it.
 void Trainer::State::setup() {
-  run_dir = resolve_run_dir(cfg, options);
-  device = select_device(cfg.run.device, options.local_rank);
+  launch.run_dir = resolve_run_dir(cfg, launch.options);
+  device = select_device(cfg.run.device, launch.options.local_rank);
   if (device.is_cuda()) c10::cuda::set_device(device.index());
   std::exception_ptr refused;
   try {
@@ -162,9 +183,11 @@ void Trainer::State::agree_to_start(std::exception_ptr refused) {
   if (refused) std::rethrow_exception(refused);
 }
 
-void Trainer::State::build() {
-  process_settings = std::make_unique<ProcessSettings>();
-  stop_signals = std::make_unique<StopSignals>(on_stop_signal);
+// The process-wide settings a run makes (threads, host allocator, matmul, determinism, seed),
+// restored when the trainer ends (ProcessSettings), and the stop signals' handlers.
+void Trainer::State::configure_process() {
+  launch.process_settings = std::make_unique<ProcessSettings>();
+  launch.stop_signals = std::make_unique<StopSignals>(on_stop_signal);
   if (cfg.run.threads > 0) at::set_num_threads(static_cast<int>(cfg.run.threads));
   if (cfg.run.host_allocator == config::HostAllocator::kCaching) {
     install_caching_host_allocator(default_host_cache_limit());
@@ -175,49 +198,55 @@ void Trainer::State::build() {
   model::set_cpu_matmul(cfg.run.cpu_matmul);
   if (cfg.run.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+}
 
+void Trainer::State::build() {
+  configure_process();
   if (comm.world_size() > 1 && cfg.checkpoint.async)
     throw ConfigError(
         "checkpoint.async with several ranks: the writer thread's barrier would race the "
         "training collectives (an out-of-band store barrier is not built yet); set it to false");
-  precision = cfg.run.precision;
+  compute.precision = cfg.run.precision;
   build_model();
 
   const int rank = comm.rank(), world = comm.world_size();
-  train_data = make_source(cfg, rank, world, /*validation=*/false);
-  val_data = make_source(cfg, rank, world, /*validation=*/true);
-  val_start = val_data->state();
-  probe_tokens = val_data->next().tokens;
-  probe_tokens =
-      probe_tokens.slice(0, 0, std::min<int64_t>(kProbeSequences, probe_tokens.size(0))).clone();
-  if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(train_data.get()))
-    loss_floor = synthetic->chain().entropy_rate();
-  faults =
+  feed.train_data = make_source(cfg, rank, world, /*validation=*/false);
+  feed.val_data = make_source(cfg, rank, world, /*validation=*/true);
+  feed.val_start = feed.val_data->state();
+  defence.probe_tokens = feed.val_data->next().tokens;
+  defence.probe_tokens =
+      defence.probe_tokens
+          .slice(0, 0, std::min<int64_t>(kProbeSequences, defence.probe_tokens.size(0)))
+          .clone();
+  if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(feed.train_data.get()))
+    record.loss_floor = synthetic->chain().entropy_rate();
+  launch.faults =
       std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
                                       cfg.model.vocab_size, cfg.run.seed + rank);
-  samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
-  tokens_per_step = samples_per_step * cfg.model.seq_len;
+  feed.samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
+  feed.tokens_per_step = feed.samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
-    guard = std::make_unique<guard::Guard>(cfg.stability, layers->names(),
-                                           cfg.schedule.warmup_steps, samples_per_step);
-  grad_norm_window = std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
+    guard = std::make_unique<guard::Guard>(cfg.stability, compute.layers->names(),
+                                           cfg.schedule.warmup_steps, feed.samples_per_step);
+  defence.grad_norm_window =
+      std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 
-  resume_source = find_resume_source(config::checkpoint_dir(cfg, run_dir), run_dir, options.resume,
-                                     rank, world);
-  if (resume_source) {
-    check_resumable(cfg, *resume_source);
+  launch.resume_source = find_resume_source(config::checkpoint_dir(cfg, launch.run_dir),
+                                            launch.run_dir, launch.options.resume, rank, world);
+  if (launch.resume_source) {
+    check_resumable(cfg, *launch.resume_source);
     // Its own part of a sharded optimizer state does not cover what this rank owns when the
     // pieces are cut otherwise now (another zero level or bucket size, or no ZeRO): every part.
-    auto& state = resume_source->data.optimizer;
+    auto& state = launch.resume_source->data.optimizer;
     if (state.count("zero.pieces") && !parallel->optimizer_state_covered_by(state))
-      state = checkpoint::load_optimizer_parts(resume_source->path);
+      state = checkpoint::load_optimizer_parts(launch.resume_source->path);
     // The same for a ZeRO-3 checkpoint's weights: its own part, unless cut otherwise.
-    if (checkpoint::is_weight_parts(resume_source->data.model) &&
-        !parallel->weights_covered_by(resume_source->data.model))
-      resume_source->data.model = checkpoint::load_model_parts(resume_source->path);
-    restore(resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
-    resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
-    resumed = true;
+    if (checkpoint::is_weight_parts(launch.resume_source->data.model) &&
+        !parallel->weights_covered_by(launch.resume_source->data.model))
+      launch.resume_source->data.model = checkpoint::load_model_parts(launch.resume_source->path);
+    restore(launch.resume_source->data, /*restore_data=*/true, /*restore_guard=*/true);
+    launch.resume_source->data = checkpoint::CheckpointData();  // in the model and optimizer now
+    launch.resumed = true;
   }
 }
 
@@ -229,7 +258,7 @@ void Trainer::State::build_model() {
   // in order draw what the whole model draws (model::initialize_parameter).
   const bool shard_weights = shards_weights(cfg, comm);
   std::optional<checkpoint::HfModelReader> hf;
-  if (!options.init_from.empty()) hf.emplace(options.init_from, cfg.model);
+  if (!launch.options.init_from.empty()) hf.emplace(launch.options.init_from, cfg.model);
   const distributed::ShardedParameters::InitialValues initial_values = [&](const std::string& name,
                                                                            torch::Tensor& value) {
     if (hf)
@@ -250,23 +279,25 @@ void Trainer::State::build_model() {
     }
   }
   if (hf)
-    log::info("model", "initial weights from {} (--init-from){}", options.init_from,
-              options.resume.requested() ? "; a checkpoint to resume from replaces them" : "");
+    log::info(
+        "model", "initial weights from {} (--init-from){}", launch.options.init_from,
+        launch.options.resume.requested() ? "; a checkpoint to resume from replaces them" : "");
   // The parameters stay fp32: the master weights; autocast lowers the compute. ZeRO-3 puts each
   // unit's part on the device itself; the buffers (rotary tables) follow below.
   if (!shard_weights) model->to(device);
 
   for (auto& item : model->named_parameters()) {
-    named_params.emplace_back(item.key(), item.value());
-    params.push_back(item.value());
+    compute.named_params.emplace_back(item.key(), item.value());
+    compute.params.push_back(item.value());
   }
-  parallel = make_parallel_plan(cfg, comm, model, named_params, precision, device, initial_values);
-  if (precision == optim::Precision::kFp16)
+  parallel = make_parallel_plan(cfg, comm, model, compute.named_params, compute.precision, device,
+                                initial_values);
+  if (compute.precision == optim::Precision::kFp16)
     scaler.emplace(device, cfg.run.fp16_initial_scale, /*growth_factor=*/2.0,
                    /*backoff_factor=*/0.5, cfg.run.fp16_growth_interval);
-  layers = std::make_unique<LayerGroups>(named_params, device);
-  micro_graph =
-      make_micro_graph(cfg, device, comm.is_process_group(), params, parallel->optimizer());
+  compute.layers = std::make_unique<LayerGroups>(compute.named_params, device);
+  compute.micro_graph =
+      make_micro_graph(cfg, device, comm.is_process_group(), compute.params, parallel->optimizer());
 }
 
 // The first writes of a start: the run directory (an earlier run in it set aside on a fresh
@@ -274,43 +305,46 @@ void Trainer::State::build_model() {
 void Trainer::State::open_record() {
   if (comm.is_main()) {
     std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec) throw UserError("cannot create run directory " + run_dir + ": " + ec.message());
-    if (!options.resume.requested()) set_earlier_run_aside(run_dir);
-    monitor::write_record_file((fs::path(run_dir) / "config.resolved.yaml").string(),
-                               resolved_yaml);
+    fs::create_directories(launch.run_dir, ec);
+    if (ec) throw UserError("cannot create run directory " + launch.run_dir + ": " + ec.message());
+    if (!launch.options.resume.requested()) set_earlier_run_aside(launch.run_dir);
+    monitor::write_record_file((fs::path(launch.run_dir) / "config.resolved.yaml").string(),
+                               launch.resolved_yaml);
   }
   comm.barrier();
-  files =
-      monitor::RunFiles::open(run_dir, comm.is_main(), cfg.logging.sample_ids,
+  if (comm.world_size() > 1) launch.rank_hosts = rank_hosts(comm, device);
+  record.files =
+      monitor::RunFiles::open(launch.run_dir, comm.is_main(), cfg.logging.sample_ids,
                               cfg.logging.tensorboard ? cfg.logging.tensorboard_every_steps : 0);
-  if (comm.is_main()) history = RunHistory(run_dir, options.resume.name());
-  quarantine = Quarantine(files.quarantine, *train_data);
-  progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
-  step_record = std::make_unique<StepRecord>(files, *progress, cfg.run.max_steps, loss_floor);
+  if (comm.is_main()) launch.history = RunHistory(launch.run_dir, launch.options.resume.name());
+  defence.screen.open(cfg.stability, guard.get(), record.files.quarantine, *feed.train_data);
+  record.progress = std::make_unique<monitor::Progress>(cfg.logging.progress, comm.is_main());
+  record.step_record = std::make_unique<StepRecord>(record.files, *record.progress,
+                                                    cfg.run.max_steps, record.loss_floor);
   const int rank = comm.rank(), world = comm.world_size();
-  checkpointer = std::make_unique<checkpoint::Checkpointer>(
-      config::checkpoint_dir(cfg, run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
-      checkpoint::xxh3_hex_of(resolved_yaml), [this] { comm.barrier(); });
-  forensics = std::make_unique<Forensics>(run_dir, cfg.stability.top_k_samples, layers->names(),
-                                          comm, device, *train_data);
-  recovery = std::make_unique<Recovery>(recovery_parts());
+  saves.checkpointer = std::make_unique<checkpoint::Checkpointer>(
+      config::checkpoint_dir(cfg, launch.run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
+      checkpoint::xxh3_hex_of(launch.resolved_yaml), [this] { comm.barrier(); });
+  defence.forensics =
+      std::make_unique<Forensics>(launch.run_dir, cfg.stability.top_k_samples,
+                                  compute.layers->names(), comm, device, *feed.train_data);
+  defence.recovery = std::make_unique<Recovery>(recovery_parts());
   model::MemoryPlanOptions plan;
   plan.world_size = world;
   plan.cuda = device.is_cuda();
-  plan.cuda_graphs = micro_graph != nullptr;
-  memory_watch = std::make_unique<MemoryWatch>(model::plan_memory(cfg, plan), device);
+  plan.cuda_graphs = compute.micro_graph != nullptr;
+  record.memory_watch = std::make_unique<MemoryWatch>(model::plan_memory(cfg, plan), device);
 
-  log::info("train", "run directory {}", run_dir);
+  log::info("train", "run directory {}", launch.run_dir);
   log::info("model", "{} with {:.2f}M parameters, {:.2f} MFLOPs/token, on {} in {}",
             config::name_of(cfg.model.arch), model->num_parameters() / 1e6,
             model->flops_per_token() / 1e6, device.str(), config::name_of(cfg.run.precision));
   log::info("optim", "{} lr {} (schedule {}, warmup {}), global batch {} sequences = {} tokens",
             parallel->optimizer().describe(), cfg.optim.lr, config::name_of(cfg.schedule.kind),
-            cfg.schedule.warmup_steps, samples_per_step, tokens_per_step);
-  if (loss_floor)
+            cfg.schedule.warmup_steps, feed.samples_per_step, feed.tokens_per_step);
+  if (record.loss_floor)
     log::info("data", "synthetic chain: entropy rate {:.4f} nats/token is the loss floor",
-              *loss_floor);
+              *record.loss_floor);
   if (!cfg.faults.empty())
     log::warn("faults", "{} fault(s) will be injected (a rehearsal, not a production run)",
               cfg.faults.size());
@@ -319,25 +353,25 @@ void Trainer::State::open_record() {
                                {"device", device.str()},
                                {"parameters", model->num_parameters()},
                                {"flops_per_token", model->flops_per_token()},
-                               {"resume", options.resume.name()}});
+                               {"resume", launch.options.resume.name()}});
 }
 
 void Trainer::State::start_profiler() {
   constexpr int64_t kWarmSteps = 2;  // allocations, caches, (on a GPU) autotuning
-  const int64_t steps = options.profile_steps;
+  const int64_t steps = launch.options.profile_steps;
   if (steps <= 0) return;
   const int64_t skip =
       std::clamp<int64_t>(cfg.run.max_steps - counters.step - steps, 0, kWarmSteps);
-  profiler = std::make_unique<monitor::StepProfiler>(steps, skip, run_dir + "/profile", comm.rank(),
-                                                     device.is_cuda());
+  record.profiler = std::make_unique<monitor::StepProfiler>(
+      steps, skip, launch.run_dir + "/profile", comm.rank(), device.is_cuda());
 }
 
 void Trainer::State::finish_profile(bool last) {
-  const std::string path = profiler->after(counters.step, last);
+  const std::string path = record.profiler->after(counters.step, last);
   if (path.empty()) return;
   log::info("train", "profile written to {} (open it in chrome://tracing or ui.perfetto.dev)",
             path);
-  profiler.reset();
+  record.profiler.reset();
 }
 
 }  // namespace keel::train

@@ -39,15 +39,18 @@ checkpoint::CheckpointData Trainer::State::capture() const {
   data.trainer_state = nlohmann::json::object();
   counters.to_json(data.trainer_state, cfg.data.micro_batch_size, comm.world_size(),
                    cfg.model.seq_len);
-  data.trainer_state["data"] = train_data->state();
+  data.trainer_state["data"] = feed.train_data->state();
   data.trainer_state["schedule"] = {{"kind", config::name_of(cfg.schedule.kind)},
                                     {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
-  if (accumulation.dynamic()) data.trainer_state["grad_accum"] = accumulation.state();
-  if (guard && repeat_watch.size() > 0)  // (hash, id) pairs: too many for trainer_state.json
-    data.extra_tensors["repeat_watch"] = torch::tensor(repeat_watch.state(), torch::kInt64);
-  if (std::isfinite(probe_reference)) data.trainer_state["probe_loss"] = probe_reference;
-  data.config_yaml = resolved_yaml;
+  if (feed.accumulation.dynamic()) data.trainer_state["grad_accum"] = feed.accumulation.state();
+  if (guard && defence.screen.repeat_watch().size() >
+                   0)  // (hash, id) pairs: too many for trainer_state.json
+    data.extra_tensors["repeat_watch"] =
+        torch::tensor(defence.screen.repeat_watch().state(), torch::kInt64);
+  if (std::isfinite(defence.probe_reference))
+    data.trainer_state["probe_loss"] = defence.probe_reference;
+  data.config_yaml = launch.resolved_yaml;
   return data;
 }
 
@@ -72,37 +75,37 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
       TrainCounters::from_json(ts, cfg.data.micro_batch_size, comm.world_size());
   if (restore_data) {
     counters = saved;
-    train_data->load_state(ts.at("data"));
+    feed.train_data->load_state(ts.at("data"));
   } else {
     counters.rolled_back_to(saved.step);  // the model goes back; the data position moves on
   }
   if (restore_guard && guard && ts.contains("guard")) guard->load_state(ts.at("guard"));
   // The count goes back with the model: a rollback resumes the snapshot's accumulation.
-  if (accumulation.dynamic() && ts.contains("grad_accum"))
-    accumulation.load_state(ts.at("grad_accum"));
+  if (feed.accumulation.dynamic() && ts.contains("grad_accum"))
+    feed.accumulation.load_state(ts.at("grad_accum"));
   if (restore_guard) {  // a rollback keeps what it has seen: the data moved on, not back
     const auto it = data.extra_tensors.find("repeat_watch");
     const torch::Tensor flat = it == data.extra_tensors.end()
                                    ? torch::empty({0}, torch::kInt64)
                                    : it->second.to(torch::kCPU, torch::kInt64).contiguous();
-    repeat_watch.load_state(
+    defence.screen.repeat_watch().load_state(
         std::vector<int64_t>(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()));
   }
   // The model is now the one that checkpoint holds: its reference measure (a checkpoint carries
   // its newest stable snapshot's, which a stable one measured itself).
   if (auto it = ts.find("probe_loss"); it != ts.end() && it->is_number())
-    probe_reference = it->get<double>();
-  last_checkpoint_step = counters.step;
+    defence.probe_reference = it->get<double>();
+  saves.last_checkpoint_step = counters.step;
 }
 
 void Trainer::State::save_checkpoint(bool stable) {
-  if (stable && guard) probe_reference = probe_loss();
-  auto path = checkpointer->save(counters.step, capture(), stable);
-  last_checkpoint_step = counters.step;
-  cadence.saved(checkpointer->last_stall_seconds());
-  if (stable) quarantine.stable_snapshot_taken();  // no rollback goes back past it
+  if (stable && guard) defence.probe_reference = probe_loss();
+  auto path = saves.checkpointer->save(counters.step, capture(), stable);
+  saves.last_checkpoint_step = counters.step;
+  saves.cadence.saved(saves.checkpointer->last_stall_seconds());
+  if (stable) defence.screen.quarantine().stable_snapshot_taken();  // no rollback goes back past it
   nlohmann::json detail = {{"path", path.string()},
-                           {"stall_s", checkpointer->last_stall_seconds()},
+                           {"stall_s", saves.checkpointer->last_stall_seconds()},
                            {"async", cfg.checkpoint.async}};
   event(EventKind::kCheckpoint, detail);
   if (stable) event(EventKind::kStableSnapshot, detail);
@@ -110,13 +113,14 @@ void Trainer::State::save_checkpoint(bool stable) {
 
 void Trainer::State::maybe_checkpoint() {
   monitor::StageRange range("keel/checkpoint");
-  if (cadence.attempt_finished()) decide_checkpoint_cadence();
+  if (saves.cadence.attempt_finished()) decide_checkpoint_cadence();
   const int64_t step = counters.step;
-  if (step == last_checkpoint_step || step == cfg.run.max_steps) return;  // the end saves anyway
-  const CheckpointCadence::Due due = cadence.due(step);
+  if (step == saves.last_checkpoint_step || step == cfg.run.max_steps)
+    return;  // the end saves anyway
+  const CheckpointCadence::Due due = saves.cadence.due(step);
   const bool stable_due = guard && due.stable_candidate;
   if (!due.save && !stable_due) return;
-  save_checkpoint(stable_due && guard->promotable(step, cadence.stable_window(),
+  save_checkpoint(stable_due && guard->promotable(step, saves.cadence.stable_window(),
                                                   cfg.checkpoint.stable.require_no_alarms));
 }
 
@@ -126,23 +130,24 @@ void Trainer::State::maybe_checkpoint() {
 // its kCadenceStartStep-th (a resumed run measures its own). Every rank takes the mean of the
 // ranks' figures, so all decide the same.
 void Trainer::State::decide_checkpoint_cadence() {
-  const double step_s = cadence.measured_step_seconds();
-  if (!cadence.save_stall_seconds()) save_checkpoint(/*stable=*/false);
-  std::vector<torch::Tensor> figures{torch::tensor({step_s, *cadence.save_stall_seconds()},
+  const double step_s = saves.cadence.measured_step_seconds();
+  if (!saves.cadence.save_stall_seconds()) save_checkpoint(/*stable=*/false);
+  std::vector<torch::Tensor> figures{torch::tensor({step_s, *saves.cadence.save_stall_seconds()},
                                                    torch::TensorOptions().dtype(torch::kFloat64))
                                          .to(device)};
   comm.all_reduce_mean_(figures);
   const auto host = figures[0].to(torch::kCPU);
-  const nlohmann::json decision = cadence.decide(host[1].item<double>(), host[0].item<double>());
+  const nlohmann::json decision =
+      saves.cadence.decide(host[1].item<double>(), host[0].item<double>());
   event(EventKind::kCheckpointCadence, decision);
-  log::info("ckpt", "{}", cadence.log_line(decision));
+  log::info("ckpt", "{}", saves.cadence.log_line(decision));
 }
 
 // The record of a resume restored in setup: the newer part of the record dropped, the events, and
 // the recovery a resume from the stable snapshot (or a crash loop) starts.
 void Trainer::State::record_resume() {
-  const ResumeSource& source = *resume_source;
-  files.replay_from(counters.step + 1);
+  const ResumeSource& source = *launch.resume_source;
+  record.files.replay_from(counters.step + 1);
   log::info("ckpt", "resumed from {} at step {}", source.path.string(), counters.step);
   event(EventKind::kResume,
         {{"path", source.path.string()}, {"from_step", counters.step}, {"mode", source.mode}});
@@ -154,11 +159,11 @@ void Trainer::State::record_resume() {
   if (source.crash || on_resume == config::ResumeRecovery::kAlways ||
       (on_resume == config::ResumeRecovery::kStable &&
        source.pointer == checkpoint::Pointer::kStable))
-    recovery->begin_resume(source.path,
-                           source.crash ? std::string(name_of(QuarantineReason::kCrashLoop))
-                                        : resume_reason(source.mode),
-                           source.crash, options.resume_data);
-  resume_source.reset();  // its tensors are in the model and optimizer now
+    defence.recovery->begin_resume(source.path,
+                                   source.crash ? std::string(name_of(QuarantineReason::kCrashLoop))
+                                                : resume_reason(source.mode),
+                                   source.crash, launch.options.resume_data);
+  launch.resume_source.reset();  // its tensors are in the model and optimizer now
 }
 
 RecoveryParts Trainer::State::recovery_parts() {
@@ -166,14 +171,14 @@ RecoveryParts Trainer::State::recovery_parts() {
   p.cfg = &cfg;
   p.comm = &comm;
   p.device = device;
-  p.checkpointer = checkpointer.get();
-  p.train_data = train_data.get();
-  p.quarantine = &quarantine;
-  p.files = &files;
+  p.checkpointer = saves.checkpointer.get();
+  p.train_data = feed.train_data.get();
+  p.quarantine = &defence.screen.quarantine();
+  p.files = &record.files;
   p.counters = &counters;
   p.guard = guard.get();
-  p.accumulation = &accumulation;
-  p.forensics = forensics.get();
+  p.accumulation = &feed.accumulation;
+  p.forensics = defence.forensics.get();
   p.event = [this](EventKind kind, const nlohmann::json& detail) { event(kind, detail); };
   p.guard_event = [this](const guard::GuardEvent& e) { event(e); };
   p.restore = [this](const checkpoint::CheckpointData& data, bool restore_data) {

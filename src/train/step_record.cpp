@@ -148,9 +148,9 @@ void StepRecord::add(const StepTally& t) {
 // {total, per layer...} from apply_update.
 void Trainer::State::record_step(const StepResult& r, double lr,
                                  const std::vector<double>& update_ratios, const Verdict* v) {
-  const LogWindow& window = step_record->window();
+  const LogWindow& window = record.step_record->window();
   const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
-  data::LoaderStats loader = train_data->take_stats();
+  data::LoaderStats loader = feed.train_data->take_stats();
   std::vector<guard::GuardEvent> periodic;
   const std::vector<double> attention = model->attention_output_std();
   if (guard) {
@@ -158,7 +158,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
     periodic = guard->observe_periodic(counters.step, layer_ratios, attention);
     StepTally periodic_time;
     periodic_time.guard_s = seconds_since(start);
-    step_record->add(periodic_time);
+    record.step_record->add(periodic_time);
   }
   if (loader.waits > 0)
     event(EventKind::kLoaderWait, {{"wait_ms", loader.wait_ms}, {"waits", loader.waits}});
@@ -168,18 +168,18 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   f.loss = r.loss.item<double>();
   f.lr = lr;
   f.grad_norm = r.grad_norm.item<double>();
-  f.grad_norm_median = guard ? guard->grad_norm_median() : grad_norm_window->median();
+  f.grad_norm_median = guard ? guard->grad_norm_median() : defence.grad_norm_window->median();
   f.clip_bound = r.clip_bound;
   f.update_ratio = update_ratios.front();
   f.queue_depth = loader.queue_depth;
   f.samples_seen = counters.samples_seen(cfg.data.micro_batch_size, comm.world_size());
   f.tokens_seen = f.samples_seen * cfg.model.seq_len;
-  if (accumulation.dynamic()) f.grad_accum = accumulation.steps();
+  if (feed.accumulation.dynamic()) f.grad_accum = feed.accumulation.steps();
   if (scaler) f.loss_scale = scaler->scale().item<double>();
   f.several_ranks = comm.is_process_group();
   if (guard) {
     f.guarded = true;
-    const auto& names = layers->names();
+    const auto& names = compute.layers->names();
     for (size_t i = 0; i < layer_ratios.size(); ++i)
       f.layer_update_ratios.emplace_back(names[i], layer_ratios[i]);
     for (size_t i = 0; v && i < v->layer_grad_norms.size() && i < names.size(); ++i)
@@ -192,7 +192,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   for (size_t i = 0; i < attention.size() && i < prefixes.size(); ++i)
     f.attention_output_std.emplace_back(prefixes[i].substr(0, prefixes[i].size() - 1),
                                         attention[i]);
-  step_record->write(f);
+  record.step_record->write(f);
   for (const auto& e : periodic) event(e);
 }
 
@@ -208,7 +208,7 @@ void Trainer::State::tally_samples(StepTally& t, const Verdict& v, const StepRes
 // silent loss or repeat of data would otherwise go unnoticed for days.
 void Trainer::State::check_consumed() {
   auto counts =
-      torch::tensor({static_cast<double>(train_data->samples_served()),
+      torch::tensor({static_cast<double>(feed.train_data->samples_served()),
                      static_cast<double>(counters.micro_taken * cfg.data.micro_batch_size)},
                     torch::kFloat64);
   std::vector<torch::Tensor> t{counts.to(device)};

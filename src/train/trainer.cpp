@@ -60,14 +60,14 @@ void Trainer::State::event(EventKind kind, const nlohmann::json& detail) {
   monitor::JsonRecord rec;
   rec.add("step", counters.step).add("kind", name_of(kind)).add("iteration", counters.iteration);
   if (!detail.empty()) rec.add("detail", detail);
-  files.write_event(counters.step, name_of(kind), rec);
+  record.files.write_event(counters.step, name_of(kind), rec);
 }
 
 void Trainer::State::event(const guard::GuardEvent& e) {
   event(e.kind, e.record());
   // A warning only in events.jsonl is a warning nobody reads: the console gets it too.
-  if (e.kind == EventKind::kWarn && comm.is_main()) {
-    if (progress) progress->finish();
+  if ((e.kind == EventKind::kWarn || e.kind == EventKind::kHardwareFault) && comm.is_main()) {
+    if (record.progress) record.progress->finish();
     log::warn("guard", "step {}: {}", counters.step,
               e.message.empty() ? e.record().dump() : e.message);
   }
@@ -83,7 +83,7 @@ void Trainer::State::stop(const guard::Decision& d) {
   record_events(d);
   for (const auto& e : d.events)
     if (e.kind == EventKind::kAbort) event(e);
-  progress->finish();
+  record.progress->finish();
   throw RunStopped(d.stop_message);
 }
 
@@ -96,29 +96,33 @@ void Trainer::State::stop(const guard::Decision& d) {
 void Trainer::State::train_step() {
   // The sqrt rule of the seed's §4.2 when dynamic accumulation changed the batch.
   const double lr =
-      effective_lr(cfg, counters.step, counters.iteration, guard.get(), faults.get()) *
-      accumulation.lr_factor();
+      effective_lr(cfg, counters.step, counters.iteration, guard.get(), launch.faults.get()) *
+      feed.accumulation.lr_factor();
   const bool log_step = is_log_step();
   // A captured forward pass records them at every step: it was captured once, for all steps.
-  model->set_record_activation_stats(log_step || micro_graph != nullptr);
-  const std::optional<double> threshold =
-      guard ? guard->screen_threshold(counters.step) : std::nullopt;
-  const std::optional<double> low = guard ? guard->low_threshold(counters.step) : std::nullopt;
+  model->set_record_activation_stats(log_step || compute.micro_graph != nullptr);
+  const Screen::Bounds screen = defence.screen.bounds(counters.step);
 
-  MicroBatches micro = forward_backward(/*keep_samples=*/guard != nullptr, threshold, low);
+  MicroBatches micro = forward_backward(/*keep_samples=*/guard != nullptr, screen.high, screen.low);
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
-  faults->after_backward(counters.iteration, parallel->gradients_after_backward());
+  launch.faults->after_backward(counters.iteration, parallel->gradients_after_backward());
   std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
-  const StepResult result = measure(std::move(micro), threshold, low);
+  const StepResult result = measure(std::move(micro), screen.high, screen.low);
+  range.reset();
   StepTally tally;  // what this attempt adds to the logging window
   tally.loader_wait_s = result.loader_wait_s;
   tally.comm_s = result.comm_s;
-  if (!guard) {
-    range.reset();
+  if (guard)
+    guarded_update(result, lr, log_step, tally);
+  else
     apply_unguarded(result, lr, log_step, tally);
-    return;
-  }
-  range.emplace("keel/guard");
+}
+
+// The guard's part of the step: the host read (and the device's gate), the verdict, then the
+// update's end and its record, or a skip or a rollback instead of the update.
+void Trainer::State::guarded_update(const StepResult& result, double lr, bool log_step,
+                                    StepTally& tally) {
+  std::optional<monitor::StageRange> range(std::in_place, "keel/guard");
   StepReadout readout = queue_read(result);
   // The gate on the device: the update is queued behind the read, and the host decides while the
   // device updates.
@@ -138,7 +142,7 @@ void Trainer::State::train_step() {
           "its decision disagree)",
           counters.step + 1));
     tally.skipped = true;
-    step_record->add(tally);
+    record.step_record->add(tally);
     reject(verdict, result);
     return;
   }
@@ -151,12 +155,12 @@ void Trainer::State::train_step() {
       finish_update(result, lr, log_step, *update, verdict.refused_on_device);
   tally.clipped = verdict.clipped;
   tally_samples(tally, verdict, result);
-  step_record->add(tally_applied(tally));
+  record.step_record->add(tally_applied(tally));
   if (log_step) {
     record_step(result, lr, update_ratios, &verdict);
     check_consumed();
   }
-  if (accumulation.dynamic()) adjust_accumulation(verdict);
+  if (feed.accumulation.dynamic()) adjust_accumulation(verdict);
 }
 
 // Without the guard every step is applied (a non-finite gradient is still refused on the device).
@@ -166,7 +170,7 @@ void Trainer::State::apply_unguarded(const StepResult& result, double lr, bool l
   const QueuedUpdate update = queue_update(result, lr, log_step, torch::Tensor());
   range.emplace("keel/record");
   const std::vector<double> update_ratios = finish_update(result, lr, log_step, update, false);
-  step_record->add(tally_applied(tally));
+  record.step_record->add(tally_applied(tally));
   if (!log_step) return;
   record_step(result, lr, update_ratios, nullptr);
   check_consumed();
@@ -175,21 +179,21 @@ void Trainer::State::apply_unguarded(const StepResult& result, double lr, bool l
 // An applied update in the tally, with the tokens it trained on (all ranks).
 StepTally& Trainer::State::tally_applied(StepTally& t) const {
   t.applied = true;
-  t.tokens = tokens_per_step / accumulation.nominal() * accumulation.steps();
+  t.tokens = feed.tokens_per_step / feed.accumulation.nominal() * feed.accumulation.steps();
   return t;
 }
 
 // The applied step's norm (read in decide(): dynamic accumulation needs the guard) moves the
 // count of the steps that follow.
 void Trainer::State::adjust_accumulation(const Verdict& v) {
-  const auto change =
-      accumulation.observe(counters.step, v.grad_norm, guard && guard->in_recovery(counters.step));
+  const auto change = feed.accumulation.observe(counters.step, v.grad_norm,
+                                                guard && guard->in_recovery(counters.step));
   if (!change) return;
   event(EventKind::kGradAccum,
         {{"from", change->from},
          {"to", change->to},
          {"norm_ratio", change->ratio},
-         {"lr_factor", accumulation.lr_factor()},
+         {"lr_factor", feed.accumulation.lr_factor()},
          {"samples_per_step", cfg.data.micro_batch_size * change->to * comm.world_size()}});
 }
 
@@ -200,8 +204,9 @@ bool Trainer::State::is_log_step() const {
 }
 
 data::Batch Trainer::State::next_batch() {
-  data::Batch batch = train_data->next();
-  faults->corrupt(batch, counters.micro_taken);  // corrupt_batch is keyed to the data position
+  data::Batch batch = feed.train_data->next();
+  launch.faults->corrupt(batch,
+                         counters.micro_taken);  // corrupt_batch is keyed to the data position
   counters.took_micro_batch();
   return batch;
 }
@@ -228,7 +233,7 @@ StepResult Trainer::State::measure(MicroBatches micro, std::optional<double> scr
   }
   const std::vector<torch::Tensor>& grads = parallel->gradients();
   if (scaler) r.found_inf = parallel->agree_overflow(scaler->unscale_(grads));
-  if (const double growth = faults->gradient_growth(counters.iteration); growth != 1.0)
+  if (const double growth = launch.faults->gradient_growth(counters.iteration); growth != 1.0)
     for (const auto& p : grads)
       if (p.grad().defined()) p.grad().div_(growth);
   r.loss = sums[0] / sums[1].clamp_min(1.0);  // the mean over every rank's kept samples
@@ -238,7 +243,8 @@ StepResult Trainer::State::measure(MicroBatches micro, std::optional<double> scr
   r.low_threshold = screen_threshold ? low_threshold : std::nullopt;
   if (screen_threshold) {
     // The gradients are a sum over the kept samples of 1/samples each; this makes them a mean.
-    const int64_t samples = cfg.data.micro_batch_size * accumulation.steps() * comm.world_size();
+    const int64_t samples =
+        cfg.data.micro_batch_size * feed.accumulation.steps() * comm.world_size();
     r.grad_scale = (static_cast<double>(samples) / sums[1].clamp_min(1.0)).reshape({});
     r.param_norms = r.param_norms * r.grad_scale;
   }
@@ -281,7 +287,7 @@ std::vector<double> Trainer::State::finish_update(const StepResult& r, double lr
   if (refused_on_device) parallel->optimizer().step(lr, u.found_inf);
   if (scaler) scaler->update(u.found_inf);
   parallel->optimizer().zero_grad();
-  grad_norm_window->push(r.grad_norm);
+  defence.grad_norm_window->push(r.grad_norm);
   counters.applied();
   if (guard)
     for (const auto& e : guard->after_update(counters.step)) event(e);
@@ -290,7 +296,8 @@ std::vector<double> Trainer::State::finish_update(const StepResult& r, double lr
   const std::vector<torch::Tensor>& weights = parallel->updated_weights();
   const torch::Tensor delta_norms = parallel->param_norms(torch::_foreach_sub(weights, u.before));
   const torch::Tensor param_norms = parallel->param_norms(weights);
-  auto layer_ratio = layers->reduce(delta_norms) / layers->reduce(param_norms).clamp_min(1e-12);
+  auto layer_ratio =
+      compute.layers->reduce(delta_norms) / compute.layers->reduce(param_norms).clamp_min(1e-12);
   auto total = (delta_norms.norm() / param_norms.norm().clamp_min(1e-12)).reshape({1});
   auto host = torch::cat({total, layer_ratio}).to(torch::kCPU, torch::kFloat64);
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
@@ -309,20 +316,20 @@ void Trainer::run() {
   // segfault) leaves its start open, which the next start records as an abnormal end.
   try {
     loop();
-    s.history.record_end(kExitOk, s.counters.step);
+    s.launch.history.record_end(kExitOk, s.counters.step);
   } catch (const Interrupted& e) {
-    s.history.record_end(e.exit_code(), s.counters.step);
+    s.launch.history.record_end(e.exit_code(), s.counters.step);
     throw;
   } catch (const RecordError& e) {
     // The record is gone (disk full, run directory removed): keep what training achieved if the
     // checkpoint directory still takes it, then stop. The checkpoint's own events are not
     // written: that file is what failed.
-    s.progress->finish();
+    s.record.progress->finish();
     log::error("train", "{}", e.what());
     try {
-      if (s.last_checkpoint_step != s.counters.step) {
-        auto path = s.checkpointer->save(s.counters.step, s.capture(), /*stable=*/false);
-        s.checkpointer->wait();
+      if (s.saves.last_checkpoint_step != s.counters.step) {
+        auto path = s.saves.checkpointer->save(s.counters.step, s.capture(), /*stable=*/false);
+        s.saves.checkpointer->wait();
         log::error("train", "last checkpoint written to {}", path.string());
       }
     } catch (const std::exception& ce) {
@@ -330,10 +337,10 @@ void Trainer::run() {
     }
     throw;
   } catch (const RunStopped&) {
-    s.history.record_end(kExitRunStopped, s.counters.step);
+    s.launch.history.record_end(kExitRunStopped, s.counters.step);
     throw;
   } catch (const UserError&) {
-    s.history.record_end(kExitUserError, s.counters.step);
+    s.launch.history.record_end(kExitUserError, s.counters.step);
     throw;
   }
 }
@@ -343,7 +350,7 @@ void Trainer::loop() {
   const auto& cfg = s.cfg;
   const int64_t eval_every = cfg.eval.every_steps;
   const auto start = Clock::now();
-  if (s.resumed) {
+  if (s.launch.resumed) {
     s.record_resume();  // on the record, inside run()'s accounting of how the start ended
   } else {
     s.evaluate();
@@ -351,49 +358,49 @@ void Trainer::loop() {
     if (s.guard && cfg.stability.rollback.enabled) s.save_checkpoint(/*stable=*/true);
   }
   const auto beat = [&s] {
-    s.history.beat({s.counters.step, s.counters.iteration, s.counters.micro_taken});
+    s.launch.history.beat({s.counters.step, s.counters.iteration, s.counters.micro_taken});
   };
   beat();
-  s.start_iteration = s.counters.iteration;
+  s.launch.start_iteration = s.counters.iteration;
   s.start_profiler();
   StopAgreement stop_agreement;
   while (s.counters.step < cfg.run.max_steps) {
-    if (s.profiler) s.profiler->before(s.counters.step + 1);
+    if (s.record.profiler) s.record.profiler->before(s.counters.step + 1);
     {
       monitor::StageRange range("keel/step");
       s.train_step();
     }
     beat();
-    if (s.memory_watch->due(s.counters.iteration - s.start_iteration))
-      s.event(EventKind::kMemory, s.memory_watch->record(s.comm));
+    if (s.record.memory_watch->due(s.counters.iteration - s.launch.start_iteration))
+      s.event(EventKind::kMemory, s.record.memory_watch->record(s.comm));
     const int64_t step = s.counters.step;
     const bool last = step == cfg.run.max_steps;
     const bool due = eval_every > 0 && step % eval_every == 0 && step != s.counters.last_eval_step;
     if (last || due) s.evaluate();
     s.maybe_checkpoint();
-    if (s.profiler) s.finish_profile(last);
+    if (s.record.profiler) s.finish_profile(last);
     if (int sig = stop_agreement.after_step(s.comm, s.device); sig != 0 && !last) {
-      s.progress->finish();
+      s.record.progress->finish();
       log::warn("train", "signal {} at step {}: writing a checkpoint before exiting", sig, step);
-      if (s.last_checkpoint_step != step) s.save_checkpoint(/*stable=*/false);
-      s.checkpointer->wait();
+      if (s.saves.last_checkpoint_step != step) s.save_checkpoint(/*stable=*/false);
+      s.saves.checkpointer->wait();
       s.event(EventKind::kInterrupted, {{"signal", sig}});
       throw Interrupted(sig);
     }
   }
-  if (s.last_checkpoint_step != s.counters.step) s.save_checkpoint(/*stable=*/false);
-  s.checkpointer->wait();
-  s.progress->finish();
+  if (s.saves.last_checkpoint_step != s.counters.step) s.save_checkpoint(/*stable=*/false);
+  s.saves.checkpointer->wait();
+  s.record.progress->finish();
   const double elapsed = seconds_since(start);
   log::info("train", "done: {} steps in {}, final loss {:.4f}, val_loss {:.4f}", s.counters.step,
-            monitor::format_duration(elapsed), s.loss_logged(), s.last_val_loss);
+            monitor::format_duration(elapsed), s.loss_logged(), s.record.last_val_loss);
   s.event(EventKind::kRunEnd, {{"seconds", elapsed},
                                {"loss", s.loss_logged()},
-                               {"val_loss", s.last_val_loss},
+                               {"val_loss", s.record.last_val_loss},
                                {"rollbacks", s.guard ? s.guard->rollbacks() : 0}});
 }
 
 double Trainer::last_loss() const { return s_->loss_logged(); }
-double Trainer::last_val_loss() const { return s_->last_val_loss; }
+double Trainer::last_val_loss() const { return s_->record.last_val_loss; }
 
 }  // namespace keel::train

@@ -1,8 +1,10 @@
 // Internal to src/train: the trainer's live state, shared by setup.cpp (the start), trainer.cpp
 // (the step loop), step_record.cpp, evaluation.cpp and snapshot.cpp (checkpoint capture/restore).
-// What has state of its own is a component with its own header (counters, checkpoint cadence,
-// quarantine, step record, recovery, forensics, resume source, process settings, run history);
-// this struct holds them and what they share (config, model, optimizer, data, communicator).
+// Only what lives across steps is here (a step's own figures pass between its stages as values,
+// step_values.h), grouped by what it serves: the launch, the compute, the data feed, the
+// defences, the record and the saves. What has state of its own is a component with its own
+// header (counters, checkpoint cadence, quarantine, step record, recovery, forensics, resume
+// source, process settings, run history, the parallel plan).
 #pragma once
 
 #include <atomic>
@@ -46,24 +48,23 @@
 #include "train/recovery.h"
 #include "train/resume_source.h"
 #include "train/run_history.h"
+#include "train/screen.h"
 #include "train/step_record.h"
 #include "train/step_values.h"
 #include "train/trainer.h"
 
 namespace keel::train {
 
-// One content fingerprint per window of `tokens` (B, T+1) int64 on the host: its xxh3, as int64.
-std::vector<int64_t> sample_fingerprints(const torch::Tensor& tokens);
-
 struct Trainer::State {
   State(const config::Config& c, std::string yaml, TrainOptions o, distributed::Communicator& cm)
-      : cfg(resolved_config(c)), resolved_yaml(std::move(yaml)), options(std::move(o)), comm(cm) {}
+      : cfg(resolved_config(c)), comm(cm), launch(std::move(yaml), std::move(o)) {}
   // The config with its `auto` keys resolved (the data's vocabulary read from the shards).
   static config::Config resolved_config(const config::Config& c);
 
   // ---- setup and the step (trainer.cpp)
   void setup();
   void build();  // everything a start checks and builds before it writes anything
+  void configure_process();
   void build_model();
   // Every rank refuses together: `refused` (this rank's refusal, if any) or another rank's.
   void agree_to_start(std::exception_ptr refused);
@@ -71,6 +72,7 @@ struct Trainer::State {
   void train_step();
   bool is_log_step() const;
   void apply_unguarded(const StepResult& result, double lr, bool log_step, StepTally& tally);
+  void guarded_update(const StepResult& result, double lr, bool log_step, StepTally& tally);
   StepTally& tally_applied(StepTally& t) const;
   void tally_samples(StepTally& t, const Verdict& v, const StepResult& r) const;
   void adjust_accumulation(const Verdict& v);
@@ -113,24 +115,9 @@ struct Trainer::State {
                    const Verdict* v);
   // The newest logged training loss (NaN before the first log step).
   double loss_logged() const {
-    return step_record ? step_record->last_loss() : std::numeric_limits<double>::quiet_NaN();
+    return record.step_record ? record.step_record->last_loss()
+                              : std::numeric_limits<double>::quiet_NaN();
   }
-  // Sets the screen's masked samples of this step aside (quarantine.jsonl) and names them in the
-  // decision's screen events.
-  void quarantine_screened(const HostSamples& samples, guard::Decision& d);
-  // ---- repeated data (repeat_screen.cpp)
-  // (B) fp32 on the device: 0 for this micro-batch's samples that repeat content seen under
-  // another id or lie below `low` (when there is one), 1 otherwise (NaN losses are the guard's).
-  torch::Tensor low_side_keep(const torch::Tensor& per_sample_loss, const data::Batch& batch,
-                              const std::vector<int64_t>& fingerprints,
-                              std::optional<double> low) const;
-  // The step's repeated and low samples into the guard's signals and `samples`; every rank's
-  // (id, fingerprint) pairs then join the repeat watch.
-  void observe_repeats(guard::StepSignals& s, const HostFigures& h, const StepResult& r,
-                       HostSamples& samples);
-  // Names the step's repeated and low samples (else its lowest-loss ones), with where they are
-  // in the data, in the decision's warnings about repeated data.
-  void name_low_samples(const HostSamples& samples, guard::Decision& d) const;
   // checkpoint.every_steps: auto, decided once the run has measured a save and some steps: the
   // figures agreed over the ranks, the decision on record.
   void decide_checkpoint_cadence();
@@ -161,68 +148,89 @@ struct Trainer::State {
   // The collaborators recovery moves and writes (built with the record).
   RecoveryParts recovery_parts();
 
-  // Configuration and collaborators.
-  config::Config cfg;
-  std::string resolved_yaml;
-  TrainOptions options;
-  distributed::Communicator& comm;
-  std::unique_ptr<ProcessSettings> process_settings;  // restored when the trainer ends
-  std::unique_ptr<StopSignals> stop_signals;          // after process_settings: gone before it
-  std::string run_dir;
+  // ---- what lives across steps: at most fifteen members, each a component or a group of them
 
-  // The model and its optimizer.
+  config::Config cfg;  // with its `auto` keys resolved
+  distributed::Communicator& comm;
+
+  // What this start was asked and found: options, directories, the resume, process settings.
+  struct Launch {
+    Launch(std::string yaml, TrainOptions o)
+        : resolved_yaml(std::move(yaml)), options(std::move(o)) {}
+    std::string resolved_yaml;
+    TrainOptions options;
+    std::string run_dir;
+    std::unique_ptr<ProcessSettings> process_settings;  // restored when the trainer ends
+    std::unique_ptr<StopSignals> stop_signals;          // after process_settings: gone before it
+    RunHistory history;                                 // starts.jsonl and the heartbeat (rank 0)
+    // The checkpoint this start resumes from (found, checked and restored in build()).
+    std::optional<ResumeSource> resume_source;
+    bool resumed = false;
+    int64_t start_iteration = 0;            // counters.iteration when this start began
+    std::unique_ptr<FaultInjector> faults;  // the config's injected faults (tests, rehearsals)
+    std::vector<std::string> rank_hosts;    // every rank's "host device" (several ranks)
+  } launch;
+
+  // The model and what computes it.
   torch::Device device = torch::kCPU;
-  optim::Precision precision = optim::Precision::kFp32;
   model::Transformer model{nullptr};
-  std::vector<std::pair<std::string, torch::Tensor>> named_params;
-  std::vector<torch::Tensor> params;
   // How the ranks share the step (replicated, ZeRO-1/2/3), with the optimizer.
   std::unique_ptr<ParallelPlan> parallel;
-  std::unique_ptr<LayerGroups> layers;
-  std::optional<optim::DynamicLossScaler> scaler;
-  // run.cuda_graphs: the micro-batches replayed from a CUDA graph (null: eager).
-  std::unique_ptr<MicroGraph> micro_graph;
+  std::optional<optim::DynamicLossScaler> scaler;  // fp16
+  struct Compute {
+    optim::Precision precision = optim::Precision::kFp32;
+    std::vector<std::pair<std::string, torch::Tensor>> named_params;
+    std::vector<torch::Tensor> params;
+    std::unique_ptr<LayerGroups> layers;
+    // run.cuda_graphs: the micro-batches replayed from a CUDA graph (null: eager).
+    std::unique_ptr<MicroGraph> micro_graph;
+  } compute;
 
-  // Data.
-  std::unique_ptr<data::BatchSource> train_data;
-  std::unique_ptr<data::BatchSource> val_data;  // built once, rewound for every evaluation
-  nlohmann::json val_start;                     // val_data's state before its first batch
-  // The reference batch: the first sequences of the validation data, and the model's loss on it
-  // when the newest stable snapshot was taken (NaN before there is one).
-  torch::Tensor probe_tokens;  // (P, T+1) int64
-  double probe_reference = std::numeric_limits<double>::quiet_NaN();
-  std::optional<double> loss_floor;
-  std::unique_ptr<FaultInjector> faults;
-  int64_t samples_per_step = 0;  // at grad_accum_steps micro-batches
-  int64_t tokens_per_step = 0;
-  // Micro-batches per step (fixed, or dynamic on the guard's gradient norms).
-  Accumulation accumulation{cfg.data, cfg.schedule.warmup_steps};
+  // The data the steps take.
+  struct Feed {
+    explicit Feed(const config::Config& c) : accumulation{c.data, c.schedule.warmup_steps} {}
+    std::unique_ptr<data::BatchSource> train_data;
+    std::unique_ptr<data::BatchSource> val_data;  // built once, rewound for every evaluation
+    nlohmann::json val_start;                     // val_data's state before its first batch
+    int64_t samples_per_step = 0;                 // at grad_accum_steps micro-batches
+    int64_t tokens_per_step = 0;
+    // Micro-batches per step (fixed, or dynamic on the guard's gradient norms).
+    Accumulation accumulation;
+  } feed{cfg};
 
-  // Defences and the record.
+  // The defences besides the guard itself.
   std::unique_ptr<guard::Guard> guard;
-  guard::RepeatWatch repeat_watch;  // every rank's samples, the same on every rank
-  std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
-  monitor::RunFiles files;
-  RunHistory history;  // starts.jsonl and the heartbeat (rank 0)
-  std::unique_ptr<monitor::Progress> progress;
-  std::unique_ptr<monitor::StepProfiler> profiler;  // --profile
-  Quarantine quarantine;                            // quarantine.jsonl (opened with the record)
-  std::unique_ptr<StepRecord> step_record;          // metrics.jsonl (opened with the record)
-  std::unique_ptr<Forensics> forensics;             // forensics/ (opened with the record)
-  std::unique_ptr<Recovery> recovery;               // rollback, dropped steps, a resume's recovery
-  std::unique_ptr<MemoryWatch> memory_watch;        // the plan against the measured peak
-  int64_t start_iteration = 0;                      // counters.iteration when this start began
+  struct Defence {
+    Screen screen;  // the per-sample screen: its bounds, masks, repeat watch and quarantine
+    std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
+    std::unique_ptr<Forensics> forensics;                     // forensics/ (opened with the record)
+    std::unique_ptr<Recovery> recovery;  // rollback, dropped steps, a resume's recovery
+    // The reference batch: the first sequences of the validation data, and the model's loss on
+    // it when the newest stable snapshot was taken (NaN before there is one).
+    torch::Tensor probe_tokens;  // (P, T+1) int64
+    double probe_reference = std::numeric_limits<double>::quiet_NaN();
+  } defence;
 
-  CheckpointCadence cadence{cfg.checkpoint, cfg.run.max_steps};
+  // The record.
+  struct Record {
+    monitor::RunFiles files;
+    std::unique_ptr<monitor::Progress> progress;
+    std::unique_ptr<monitor::StepProfiler> profiler;  // --profile
+    std::unique_ptr<StepRecord> step_record;          // metrics.jsonl (opened with the record)
+    std::unique_ptr<MemoryWatch> memory_watch;        // the plan against the measured peak
+    std::optional<double> loss_floor;                 // synthetic data: the chain's entropy rate
+    double last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  } record;
 
-  // The checkpoint this start resumes from (found, checked and restored in build()).
-  std::optional<ResumeSource> resume_source;
-  bool resumed = false;
+  // Checkpoints.
+  struct Saves {
+    explicit Saves(const config::Config& c) : cadence{c.checkpoint, c.run.max_steps} {}
+    std::unique_ptr<checkpoint::Checkpointer> checkpointer;
+    CheckpointCadence cadence;
+    int64_t last_checkpoint_step = -1;
+  } saves{cfg};
 
   TrainCounters counters;
-  int64_t last_checkpoint_step = -1;
-  double last_val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Set by the SIGTERM/SIGINT handler; the loop checks it between steps.

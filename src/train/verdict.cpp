@@ -1,6 +1,7 @@
 // The guard's verdict on a step: its values queued for the host (with, under
 // stability.update_gate: device, the device's own verdict on the update, so the update need not
 // wait for the host), the host's decision on them, and its record.
+#include <bit>
 #include <stdexcept>
 
 #include "common/clock.h"
@@ -16,13 +17,26 @@ nlohmann::json finite_or_null(double v) {
 
 // The device's verdict on the update (guard::refuses_update), compared in fp64 on the values the
 // host will read, so both sides agree to the bit.
-torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels) {
+// `rank_norms` (several ranks): every rank's global norm; replicas that disagree refuse the
+// update too (Guard::replicas_disagree).
+torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels,
+                      const torch::Tensor& rank_norms) {
   const auto fp64 = [](const torch::Tensor& t) { return t.reshape({}).to(torch::kFloat64); };
   const torch::Tensor overflow =
       r.found_inf ? fp64(*r.found_inf) : torch::zeros({}, r.loss.options().dtype(torch::kFloat64));
-  return guard::refuses_update(levels, fp64(r.loss), fp64(r.grad_norm), overflow, fp64(r.kept))
-      .to(torch::kFloat32)
-      .reshape({1});
+  torch::Tensor refuse =
+      guard::refuses_update(levels, fp64(r.loss), fp64(r.grad_norm), overflow, fp64(r.kept));
+  if (rank_norms.defined())
+    refuse = refuse.logical_or(rank_norms.ne(r.grad_norm.reshape({1})).any());
+  return refuse.to(torch::kFloat32).reshape({1});
+}
+
+// Whether every rank's global norm is the same to the bit (healthy replicas' reduced gradients).
+bool replicas_agree(const std::vector<double>& rank_norms) {
+  if (rank_norms.empty()) return true;  // one rank
+  for (double v : rank_norms)
+    if (std::bit_cast<uint64_t>(v) != std::bit_cast<uint64_t>(rank_norms.front())) return false;
+  return true;
 }
 
 }  // namespace
@@ -33,17 +47,20 @@ torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels) {
 StepReadout Trainer::State::queue_read(const StepResult& r) {
   torch::NoGradGuard no_grad;  // the loss still carries its graph
   const StepSamples& samples = r.samples;
-  torch::Tensor refuse;
-  if (cfg.stability.update_gate == config::UpdateGate::kDevice)
-    refuse = refusal(r, guard->pause_levels(counters.step));
   const auto dev = r.loss.device();
   DeviceFigures f;
+  // Replicated ranks hold the same reduced gradients, so the same norm to the bit: each rank's,
+  // to tell a device that computed wrong (under ZeRO every rank's norm is a sum over the ranks).
+  if (comm.world_size() > 1) f.rank_grad_norms = comm.all_gather(r.grad_norm.reshape({1}));
+  torch::Tensor refuse;
+  if (cfg.stability.update_gate == config::UpdateGate::kDevice)
+    refuse = refusal(r, guard->pause_levels(counters.step), f.rank_grad_norms);
   f.loss = r.loss;
   f.grad_norm = r.grad_norm;
   if (r.found_inf) f.overflow = *r.found_inf;
   f.refused = refuse;
   if (scaler) f.loss_scale = scaler->scale();
-  f.layer_grad_norms = layers->reduce(r.param_norms);
+  f.layer_grad_norms = compute.layers->reduce(r.param_norms);
   f.sample_losses = comm.all_gather(torch::cat(samples.losses).to(dev));
   if (r.screen_threshold) f.kept = comm.all_gather(torch::cat(samples.keep).to(dev));
   const auto pairs = torch::stack({torch::cat(samples.ids).to(torch::kCPU, torch::kInt64),
@@ -58,7 +75,6 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
   Verdict v;
   const auto start = Clock::now();
   const HostFigures h = readout.read.wait();
-  const auto n = static_cast<int64_t>(h.ids.size());
   v.refused_on_device = h.refused_on_device;
 
   guard::StepSignals s;
@@ -70,29 +86,21 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
   s.layer_grad_norms = h.layer_grad_norms;
   s.clipped = s.grad_norm > r.clip_bound;
   s.loss_scale = h.loss_scale;
-  s.samples = n;
-  s.screen_threshold = r.screen_threshold;
-  HostSamples& samples = v.samples;
-  samples.ids = h.ids;
-  samples.losses = h.sample_losses;
-  samples.kept = h.kept;
-  observe_repeats(s, h, r, samples);
-  for (int64_t i = 0; i < n; ++i) {
-    const double loss = samples.losses[i];
-    // A masked sample below the high bound was masked for the low side (screen.low quarantine).
-    if (samples.kept[i])
-      s.kept_losses.push_back(loss);
-    else if (!(r.screen_threshold && loss <= *r.screen_threshold))
-      s.masked_losses.push_back(loss);
-    samples.masked += !samples.kept[i];
+  if (!replicas_agree(h.rank_grad_norms)) {  // not the data's doing, nor the model's
+    v.decision = guard->replicas_disagree(s, h.rank_grad_norms);
+    for (auto& e : v.decision.events) e.detail["hosts"] = launch.rank_hosts;
+    v.signals = {{"rank_grad_norms", h.rank_grad_norms}, {"lr", lr}};
+    v.guard_s = seconds_since(start);
+    return v;
   }
+  defence.screen.observe(h, {r.screen_threshold, r.low_threshold}, s, v.samples);
   v.grad_norm = s.grad_norm;
   v.layer_grad_norms = s.layer_grad_norms;
   v.decision = guard->observe(s);
-  name_low_samples(samples, v.decision);
+  defence.screen.name_low_samples(v.samples, v.decision);
   if (v.decision.needs_diagnosis) {
     // Is the model worse than the snapshot a rollback would restore, on data known to be clean?
-    const double ratio = probe_loss() / probe_reference;
+    const double ratio = probe_loss() / defence.probe_reference;
     v.decision = guard->resolve(std::move(v.decision), ratio);
   }
   v.signals = {{"loss", finite_or_null(s.loss)},
@@ -108,32 +116,9 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
 // The verdict on record: the screen's masked samples in quarantine.jsonl (named in its screen
 // events), the guard's events, and the end of the run when it aborts.
 void Trainer::State::record_verdict(Verdict& v) {
-  quarantine_screened(v.samples, v.decision);
+  defence.screen.quarantine_masked(v.samples, counters, v.decision);
   if (v.action() == guard::Action::kAbort) stop(v.decision);
   record_events(v.decision);
-}
-
-void Trainer::State::quarantine_screened(const HostSamples& host_samples, guard::Decision& d) {
-  if (host_samples.masked == 0) return;
-  const bool low_masking = cfg.stability.screen.low == config::LowScreen::kQuarantine;
-  std::vector<std::pair<double, int64_t>> masked;  // (loss, id)
-  for (size_t i = 0; i < host_samples.ids.size(); ++i) {
-    if (host_samples.kept[i]) continue;
-    if (!low_masking || !host_samples.low_side(i)) {
-      masked.emplace_back(host_samples.losses[i], host_samples.ids[i]);
-    } else if (host_samples.duplicate_of[i] >= 0) {
-      quarantine.record(host_samples.ids[i], counters, name_of(QuarantineReason::kRepeatedData),
-                        host_samples.losses[i], {{"duplicate_of", host_samples.duplicate_of[i]}});
-    } else {
-      quarantine.record(host_samples.ids[i], counters, name_of(QuarantineReason::kLowLoss),
-                        host_samples.losses[i]);
-    }
-  }
-  if (masked.empty()) return;
-  const nlohmann::json named =
-      quarantine.record_screened(std::move(masked), counters, cfg.stability.top_k_samples);
-  for (auto& e : d.events)
-    if (e.about_screened_samples) e.name_samples(named);
 }
 
 // A step the guard did not apply: weights and optimizer state stay untouched, the data moves on.
@@ -142,10 +127,10 @@ void Trainer::State::reject(const Verdict& v, const StepResult& r) {
   parallel->optimizer().zero_grad();
   counters.rejected();
   const StepEvidence evidence{v, r.samples};
-  if (v.action() == guard::Action::kPause) recovery->rollback(evidence);
+  if (v.action() == guard::Action::kPause) defence.recovery->rollback(evidence);
   if (v.decision.skip_reason == guard::SkipReason::kIncident ||
       v.decision.skip_reason == guard::SkipReason::kData)
-    recovery->drop_step(evidence);
+    defence.recovery->drop_step(evidence);
 }
 
 }  // namespace keel::train

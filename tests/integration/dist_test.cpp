@@ -172,6 +172,44 @@ TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
 }
 
 // Under ZeRO-1 a rollback restores each rank's part of the optimizer state.
+// A device that computes one wrong result: rank 1's reduced gradients differ from rank 0's at one
+// step (a grad_growth fault undone on rank 1 alone). The ranks used to decide differently and die
+// inside Gloo; now every rank skips that step, a hardware_fault event names every rank's norm,
+// nothing is quarantined, nothing rolls back, and the run finishes. Three such steps within the
+// window stop it (exit 3) naming the fault.
+TEST(DistIntegration, ReplicasThatDisagreeSkipTheStepTogether) {
+  for (const char* gate : {"device", "host"}) {
+    ScratchDir d("dist_replica_fault");
+    auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 30) +
+                      " --set stability.update_gate=" + gate +
+                      " --set 'faults=[{kind: grad_growth, factor: 10000, at_step: 20, steps: 1,"
+                      " rank: 1}]'");
+    ASSERT_EQ(r.exit_code, 0) << gate << "\n" << r.output;
+    std::vector<nlohmann::json> faults;
+    for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+      EXPECT_NE(e["kind"], "pause") << e.dump();
+      EXPECT_NE(e["kind"], "rollback") << e.dump();
+      if (e["kind"] == "hardware_fault") faults.push_back(e);
+    }
+    ASSERT_EQ(faults.size(), 1u) << gate << "\n" << r.output;
+    const auto& detail = faults[0]["detail"];
+    ASSERT_EQ(detail["rank_grad_norms"].size(), 2u);
+    EXPECT_NE(detail["rank_grad_norms"][0], detail["rank_grad_norms"][1]);
+    EXPECT_TRUE(detail["ranks"].empty()) << "two ranks hold no majority: none is blamed";
+    ASSERT_EQ(detail["hosts"].size(), 2u);
+    EXPECT_NE(detail["hosts"][1].get<std::string>().find("cpu"), std::string::npos);
+    EXPECT_TRUE(read_jsonl(d.path() / "quarantine.jsonl").empty()) << "the data is not blamed";
+    EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"], 30);
+    EXPECT_NE(r.output.find("a device computed a wrong result"), std::string::npos) << r.output;
+  }
+  ScratchDir d("dist_replica_faulty");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 30) +
+                    " --set 'faults=[{kind: grad_growth, factor: 10000, at_step: 20, steps: 3,"
+                    " rank: 1}]'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("a faulty device"), std::string::npos) << r.output;
+}
+
 TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroOne) {
   expect_guard_decisions_together("dist_guard_zero", " --set distributed.zero=1");
 }

@@ -96,6 +96,39 @@ TEST(Guard, ThresholdsAreStrictMultiplesOfTheMedian) {
   }
 }
 
+// Replicas whose reduced gradients disagree: the step is skipped (a hardware_fault naming the
+// ranks outside the majority, none with two ranks), the guard's baselines do not move, and the
+// third such step within kHardwareFaultWindow attempts stops the run; faults further apart do not.
+TEST(Guard, ReplicasThatDisagreeSkipTheStepAndAFaultyDeviceStopsTheRun) {
+  Guard g(test_config(), {"a", "b", "c", "d"});
+  int64_t it = warm(g);
+  const double median = g.grad_norm_median();
+  StepSignals s = signals(it, 1.0);
+  s.iteration = it;
+  Decision d = g.replicas_disagree(s, {1.0, 1.0, 7.5});
+  EXPECT_EQ(d.action, Action::kSkip);
+  EXPECT_EQ(d.skip_reason, SkipReason::kHardware);
+  ASSERT_EQ(kinds(d), (std::vector<std::string>{"hardware_fault"}));
+  EXPECT_EQ(d.events[0].detail["ranks"], nlohmann::json::array({2}));
+  EXPECT_NE(d.events[0].message.find("rank(s) [2]"), std::string::npos) << d.events[0].message;
+  s.iteration = it + kHardwareFaultWindow;  // the first has left the window
+  d = g.replicas_disagree(s, {1.0, 2.0});
+  EXPECT_EQ(d.action, Action::kSkip);
+  EXPECT_TRUE(d.events[0].detail["ranks"].empty()) << "two ranks: no majority, none blamed";
+  EXPECT_EQ(g.grad_norm_median(), median);
+  s.iteration += 1;
+  EXPECT_EQ(g.replicas_disagree(s, {1.0, 2.0}).action, Action::kSkip);
+  s.iteration += 1;
+  d = g.replicas_disagree(s, {1.0, 2.0});
+  EXPECT_EQ(d.action, Action::kAbort);
+  EXPECT_NE(d.stop_message.find("a faulty device"), std::string::npos) << d.stop_message;
+  // The count is part of the guard's state: a resume keeps it.
+  Guard resumed(test_config(), {"a", "b", "c", "d"});
+  resumed.load_state(g.state());
+  s.iteration += 1;
+  EXPECT_EQ(resumed.replicas_disagree(s, {1.0, 2.0}).action, Action::kAbort);
+}
+
 // stability.update_gate device: the device refuses an update on pause_levels(), before the host
 // has read the step. observe() must refuse exactly the steps past them (finite values, no
 // overflow, samples kept), or the device would apply an update the guard refuses. Values land
