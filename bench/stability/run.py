@@ -24,6 +24,11 @@ Parts (--only, repeatable):
   false-alarms  clean runs over several seeds, tiny (synthetic) and the tiny and fortunes configs
                 on two real corpora (fortunes prose, Python's standard library source), with the
                 false-alarm rate of each signal per 10,000 steps after warmup
+  lr            issue 47's sweep: the tiny config on two real corpora (fortunes prose, Python's
+                standard library source) at its peak lr times 1, 3, 10 and 30, each as the old
+                defaults unprotected, with model.qk_norm unprotected, and protected (the guard as
+                shipped): final val, back-offs and final lr; the check asks every protected run to
+                exit 0 within 10 % of the sweep's best val (not met before the schedule backs off)
 
 Every training run uses the embedded tiny config (or configs/fortunes.yaml) with nothing set but
 the fault, the seed, the data path and, for the measurement only, logging.sample_ids (to count
@@ -85,7 +90,7 @@ TEN_INCIDENTS = [
 ]
 
 ALL_PARTS = ["regions", "numeric", "incidents", "repeats", "accumulation", "text",
-             "false-alarms"]
+             "false-alarms", "lr"]
 
 # A set of documents coming back on a schedule: step 100's micro-batch returns every 10 steps.
 REPEATS = {"kind": "repeat_data", "at_step": 100, "steps": 200, "period": 10}
@@ -171,6 +176,9 @@ def train(keel, run_dir, sets, config=None, reuse=False):
         "screened": sum(1 for q in quarantine if q["reason"] == "screen"),
         "accum": accum,
         "accum_changes": sum(1 for e in events if e["kind"] == "grad_accum"),
+        "backoffs": sum(1 for e in events if e["kind"] == "schedule_backoff"),
+        "final_lr": next((m["lr"] for m in reversed(read_jsonl(
+            os.path.join(run_dir, "metrics.jsonl"))) if "lr" in m), None),
         "tail": proc.stdout[-3000:],
     }
 
@@ -318,6 +326,52 @@ def prepare_text(keel, work):
     return fortunes, junk
 
 
+# ---- the learning-rate sweep (issue 47) --------------------------------------------------------
+
+TINY_LR = 3e-3  # the embedded tiny config's optim.lr
+LR_MULTIPLIERS = [1, 3, 10, 30]
+LR_VARIANTS = {
+    "old defaults, unprotected": ["stability.enabled=false"],
+    "qk-norm, unprotected": ["stability.enabled=false", "model.qk_norm=true"],
+    "defaults, protected": [],
+}
+
+
+def lr_section(go, check, corpora, multipliers, raw):
+    lines = ["## Learning rate: the schedule's own failure (issue 47)", "",
+             f"The embedded tiny config on real text ({TINY_STEPS} steps, byte tokens) at its peak lr "
+             f"({TINY_LR:g}) times {', '.join(f'{m:g}' for m in multipliers)}. Acceptance (issue 47): "
+             "every protected run exits 0 within 10 % of the sweep's best final val.", ""]
+    for corpus, path in corpora.items():
+        lines += [f"### {corpus}", "",
+                  "| peak lr | " + " | ".join(LR_VARIANTS) + " | back-offs (protected) | "
+                  "final lr (protected) |",
+                  "|---|" + "---|" * (len(LR_VARIANTS) + 2)]
+        base = ["data.source=shards", f"data.path={path}", "model.vocab_size=auto"]
+        runs = {}
+        for m in multipliers:
+            lr = TINY_LR * m
+            for variant, sets in LR_VARIANTS.items():
+                name = f"lr/{corpus}/{lr:g}/{variant}".replace(" ", "_").replace(",", "")
+                runs[(m, variant)] = go(name, base + [f"optim.lr={lr:g}"] + sets)
+                raw[name] = runs[(m, variant)]
+        vals = [r["final_val"] for r in runs.values() if r["final_val"] is not None]
+        best = min(vals) if vals else None
+        for m in multipliers:
+            p = runs[(m, "defaults, protected")]
+            run_dir_lr = p.get("final_lr")
+            cells = [f"{fmt_val(runs[(m, v)]['final_val'])} "
+                     f"({gap(runs[(m, v)]['final_val'], best)})" for v in LR_VARIANTS]
+            lines.append(f"| {TINY_LR * m:g} | " + " | ".join(cells) +
+                         f" | {p['backoffs']} | "
+                         f"{'—' if run_dir_lr is None else format(run_dir_lr, '.3g')} |")
+            g = rel(p["final_val"], best)
+            check(f"lr {TINY_LR * m:g} on {corpus}", p["exit"] == 0 and g is not None and g <= 0.10,
+                  f"exit {p['exit']}, {gap(p['final_val'], best)} from the sweep's best")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---- false alarms -----------------------------------------------------------------------------
 
 FALSE_ALARM_CONFIGS = {
@@ -353,6 +407,10 @@ def main():
                     help="clean runs of the fortunes config per corpus (default: --seeds)")
     ap.add_argument("--fortunes-steps", type=int, default=300)
     ap.add_argument("--false-alarm-configs", nargs="*", default=list(FALSE_ALARM_CONFIGS))
+    ap.add_argument("--lr-multipliers", nargs="*", type=float, default=LR_MULTIPLIERS,
+                    help="the lr sweep's peak lr multipliers (part lr)")
+    ap.add_argument("--lr-corpora", nargs="*", default=["fortunes", "Python source"],
+                    choices=["fortunes", "Python source"])
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--reuse", metavar="DIR",
                     help="work in DIR (kept by an earlier --keep) and read the runs that finished "
@@ -396,13 +454,17 @@ def main():
             sections.append(repeats_section(go, check, clean, raw))
         if "accumulation" in parts:
             sections.append(accumulation_section(go, check, raw))
-        if "text" in parts or "false-alarms" in parts:
+        if "text" in parts or "false-alarms" in parts or "lr" in parts:
             fortunes, junk = prepare_text(keel, work)
         if "text" in parts:
             sections.append(text_section(go, check, fortunes, junk, args.fortunes_steps, raw))
         if "false-alarms" in parts:
             code = prepare_code(keel, work)
             sections.append(false_alarm_section(go, check, fortunes, code, args, raw))
+        if "lr" in parts:
+            corpora = {"fortunes": fortunes, "Python source": prepare_code(keel, work)}
+            sections.append(lr_section(go, check, {k: corpora[k] for k in args.lr_corpora},
+                                       args.lr_multipliers, raw))
     finally:
         if args.keep or args.reuse:
             print(f"run directories kept in {work}", file=sys.stderr)
