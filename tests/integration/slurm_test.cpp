@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -229,6 +230,25 @@ TEST_F(SlurmCluster, APrepareArrayAndItsMergeWriteTheDatasetOfOneRun) {
   r = run_keel("prepare --input " + fortunes + " --output " + (d / "one").string() + flags);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_GE(expect_same_dataset(d / "one", d / "merged"), 4u);
+
+  // A task run again alone, as the script's header says (`sbatch --array=1` plus --overwrite): an
+  // array of one, which must still write part 1 of 3 (it once wrote the whole corpus as part 0 of
+  // 1), so that the merge takes the parts again.
+  r = run_shell(env + "sbatch --parsable --array=1 --cpus-per-task=1 --output=" +
+                (d / "rerun-%A_%a.out").string() + " " + script + " " + (d / "parts").string() +
+                " --input " + fortunes + flags + " --overwrite");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string rerun = r.output.substr(0, r.output.find_first_of(";\n"));
+  ASSERT_TRUE(wait_for_job(rerun, 180)) << "job " << rerun << " still queued or running";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d / "parts")) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"part-00000-of-00003", "part-00001-of-00003",
+                                             "part-00002-of-00003"}));
+  r = run_keel("prepare --merge " + (d / "parts").string() + " --output " +
+               (d / "merged_again").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(expect_same_dataset(d / "one", d / "merged_again"), 4u);
 }
 
 }  // namespace
