@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/number_options.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "data/prepare.h"
@@ -161,6 +162,7 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
   sub.add_option("--jobs,--threads", o.threads,
                  "worker threads for the dedup and tokenize stages (0 = all cores); the output "
                  "does not depend on it")
+      ->check(whole_at_least(0, "threads"))
       ->capture_default_str();
   sub.add_option("--seed", o.seed, "seed for MinHash, the split and keep-whole")
       ->capture_default_str();

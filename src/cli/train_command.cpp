@@ -2,6 +2,7 @@
 
 #include "checkpoint/hf_format.h"
 #include "cli/config_args.h"
+#include "cli/number_options.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "distributed/communicator.h"
@@ -35,7 +36,7 @@ void register_train(CLI::App& app, int& exit_code) {
                   "into RUN_DIR/profile/rank<R>_steps_<A>-<B>.json, a Chrome trace with the "
                   "step's stages (keel/data, keel/forward, keel/backward, keel/guard, "
                   "keel/optimizer, ...) marked; open it in chrome://tracing or ui.perfetto.dev")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_at_least(1, "steps"));
   sub->footer(
       "Examples:\n"
       "  keel train                                       # the embedded default, on the CPU\n"

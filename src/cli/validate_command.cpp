@@ -9,6 +9,7 @@
 #include "cli/checklist.h"
 #include "cli/checkpoint_cost.h"
 #include "cli/config_args.h"
+#include "cli/number_options.h"
 #include "cli/rehearse.h"
 #include "cli/resume_plan.h"
 #include "model/memory_plan.h"
@@ -126,15 +127,16 @@ void register_validate(CLI::App& app, int& exit_code) {
   add_config_options(*sub, f->args);
   sub->add_flag("--print-config", f->print_config, "print the resolved config (YAML) when valid");
   sub->add_option("--world-size", f->world, "ranks the run will use (for the global batch)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_at_least(1, "ranks"));
   sub->add_option("--step-time", f->step_time,
                   "measured seconds per optimizer step (from a previous run), for the checkpoint "
                   "cost estimate")
-      ->check(CLI::PositiveNumber);
+      ->check(positive("seconds"));
   sub->add_option("--device-memory", f->device_memory,
-                  "bytes of memory on each rank's device (e.g. 80e9): refuse a config whose "
-                  "memory plan does not fit, naming the cheapest change that does")
-      ->check(CLI::PositiveNumber);
+                  "memory on each rank's device, in bytes or with a unit (80e9, 80GB, 74.5GiB): "
+                  "refuse a config whose memory plan does not fit, naming the cheapest change "
+                  "that does")
+      ->transform(byte_size());
   sub->add_flag("--no-probe", f->no_probe,
                 "skip the disk-write and matmul probes behind the checkpoint cost estimate");
   sub->add_flag("--no-disk-check", f->no_disk_check,

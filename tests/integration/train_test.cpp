@@ -122,6 +122,21 @@ TEST(CliIntegration, UserMistakesExitTwo) {
   auto r = run_keel("validate " + source_path("configs/tiny.yaml") + " --set optim.lrr=1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("optim.lr"), std::string::npos) << r.output;
+  // Numbers: the unit and the range, never CLI11's 300-digit range; sizes with their units.
+  r = run_keel("train --profile 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--profile: '0' steps: give a whole number of steps, 1 or more"),
+            std::string::npos)
+      << r.output;
+  r = run_keel("prepare --input x --output y --jobs -1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("threads, 0 or more"), std::string::npos) << r.output;
+  r = run_keel("validate --no-probe --device-memory 80GB");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("validate --no-probe --device-memory 80bananas");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("is not a size"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("1797693134862315"), std::string::npos) << r.output;
 }
 
 }  // namespace
