@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/flag_hints.h"
 #include "common/error.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
     keel::cli::check_launch_separator(argc, argv);
     app.parse(argc, argv);
     return exit_code;
+  } catch (const CLI::ExtrasError& e) {
+    app.exit(e);
+    std::cerr << keel::cli::flag_hints(app);
+    return keel::kExitUserError;
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : keel::kExitUserError;

@@ -137,6 +137,13 @@ TEST(CliIntegration, UserMistakesExitTwo) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("is not a size"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("1797693134862315"), std::string::npos) << r.output;
+  // A mistyped flag: the command's own flag it resembles, or the config key and --set.
+  r = run_keel("train --max-steps 20");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--set run.max_steps="), std::string::npos) << r.output;
+  r = run_keel("prepare --inputs x --output y");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("did you mean --input?"), std::string::npos) << r.output;
 }
 
 }  // namespace
