@@ -14,6 +14,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -532,12 +533,42 @@ LoadedConfig load_config_from_string(const std::string& yaml_text, const std::st
   return out;
 }
 
+namespace {
+
+// A config file beside `path` that it most likely meant (tiny.yml for tiny.yaml): " HINT: did you
+// mean ...?", or the usual hint.
+std::string missing_config_hint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path given(path);
+  const fs::path dir = given.has_parent_path() ? given.parent_path() : fs::path(".");
+  std::vector<std::string> configs;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec) &&
+        (e.path().extension() == ".yaml" || e.path().extension() == ".yml"))
+      configs.push_back(e.path().filename().string());
+  if (auto near = closest_word(given.filename().string(), configs))
+    return ". HINT: did you mean " + (dir / *near).string() + "?";
+  return ". HINT: check the path; `keel validate` takes the YAML file itself";
+}
+
+}  // namespace
+
 LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // it opens, and reads as an empty config
+    std::string configs;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml")
+        configs += (configs.empty() ? "" : ", ") + e.path().string();
+    throw ConfigError(path + ": a directory, not a config file. HINT: give the YAML file itself" +
+                      (configs.empty() ? std::string() : " (" + configs + ")"));
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
-    throw ConfigError(path + ": error: cannot read the config file (" + std::strerror(errno) + ")" +
-                      relative_note(path) +
-                      ". HINT: check the path; `keel validate` takes the YAML file itself");
+    const std::string reason = std::strerror(errno);
+    throw ConfigError(path + ": cannot read the config file (" + reason + ")" +
+                      relative_note(path) + missing_config_hint(path));
   }
   std::stringstream text;
   text << file.rdbuf();

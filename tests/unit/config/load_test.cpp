@@ -35,6 +35,30 @@ TEST(ConfigLoad, EmptyFileGivesDefaults) {
   }
 }
 
+// A path that is not a config file: a directory (it would open and read as an empty config, the
+// defaults) is refused naming its YAML files; a missing file names the one beside it that it most
+// likely meant (tiny.yml for tiny.yaml).
+TEST(ConfigLoad, ADirectoryOrAMissingFileIsRefusedNamingTheConfigMeant) {
+  const ScratchDir dir("config_paths");
+  std::ofstream(dir.path() / "tiny.yaml") << "run:\n  max_steps: 5\n";
+  const auto message_of = [](const std::string& path) -> std::string {
+    try {
+      load_config(path, {});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(loaded)";
+  };
+  const std::string directory = message_of(dir.str());
+  EXPECT_NE(directory.find("a directory, not a config file"), std::string::npos) << directory;
+  EXPECT_NE(directory.find("tiny.yaml"), std::string::npos) << directory;
+  const std::string yml = message_of((dir.path() / "tiny.yml").string());
+  EXPECT_NE(yml.find("did you mean " + (dir.path() / "tiny.yaml").string() + "?"),
+            std::string::npos)
+      << yml;
+  EXPECT_EQ(yml.find("error:"), std::string::npos) << "main() says error: once";
+}
+
 TEST(ConfigLoad, ReadsEveryKindOfFieldAndRemembersWhere) {
   const LoadedConfig loaded = load(
       "run:\n"
