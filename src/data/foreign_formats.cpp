@@ -201,6 +201,20 @@ std::string parent_dir(const std::string& file) {
   return parent.empty() ? "." : parent.string();
 }
 
+// A keel dataset (its meta.json beside the path) given to the Megatron or llm.c reader: the read
+// would fail on a missing .idx or on the magic of a keel shard ("KEEL"); say what it is instead.
+void refuse_keel_dataset(config::DataSource format, const std::string& path) {
+  std::error_code ec;
+  fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::exists(dir / "meta.json", ec)) return;
+  throw DataError(path + ": a dataset `keel prepare` wrote (" + (dir / "meta.json").string() +
+                  "), not " +
+                  (format == config::DataSource::kMegatron ? "a Megatron .bin/.idx pair"
+                                                           : "llm.c .bin shards") +
+                  "; HINT: set data.source: shards to train on it");
+}
+
 Stream megatron_stream(const std::string& prefix, MegatronIndex& index) {
   auto idx = std::make_shared<const MappedFile>(prefix + ".idx", kMegatronHint);
   index = parse_megatron_index(idx->data(), idx->size(), idx->path());
@@ -371,6 +385,7 @@ std::unique_ptr<ShardSet> open_foreign(const ForeignSource& src) {
                       std::string(config::name_of(src.format)) +
                       ") does not record its vocabulary; give the tokenizer's size");
   const bool megatron = src.format == config::DataSource::kMegatron;
+  refuse_keel_dataset(src.format, src.path);
   MegatronIndex index;
   const Stream s =
       megatron ? megatron_stream(megatron_prefix(src.path), index) : llmc_stream(src.path);
@@ -394,6 +409,7 @@ std::unique_ptr<ShardSet> open_foreign(const ForeignSource& src) {
 }
 
 ForeignSummary summarize_foreign(config::DataSource format, const std::string& path) {
+  refuse_keel_dataset(format, path);
   ForeignSummary out;
   if (format == config::DataSource::kMegatron) {
     MegatronIndex index;

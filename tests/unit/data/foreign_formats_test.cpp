@@ -5,6 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "common/error.h"
 #include "foreign_writers.h"
 #include "scratch_dir.h"
@@ -194,6 +199,22 @@ TEST(LlmcSource, RefusesDamageAndMixedShards) {
             std::string::npos);
   // Pre-tokenized data names no vocabulary: the model's must be given.
   EXPECT_THROW(open_foreign({DataSource::kLlmc, dir / "s.bin", "train", 0.0, 0}), ConfigError);
+}
+
+// A dataset `keel prepare` wrote, given to either reader: named as what it is, with the source
+// that reads it (it failed on a missing .idx, or on "magic 1279608139", which is "KEEL").
+TEST(ForeignSource, AKeelDatasetIsNamedWithTheSourceThatReadsIt) {
+  ScratchDir dir("foreign_keel_dataset");
+  std::ofstream(dir.path() / "meta.json") << "{}";
+  testing::write_llmc({dir.path() / "train_00000.bin"}, sample_docs(8), kEnd);
+  for (const auto& [format, path] :
+       std::vector<std::pair<DataSource, std::string>>{{DataSource::kMegatron, dir.str()},
+                                                       {DataSource::kLlmc, dir.str()},
+                                                       {DataSource::kLlmc, dir / "*.bin"}}) {
+    const std::string error = error_of({format, path, "train", 0.0, 264});
+    EXPECT_NE(error.find("a dataset `keel prepare` wrote"), std::string::npos) << error;
+    EXPECT_NE(error.find("set data.source: shards"), std::string::npos) << error;
+  }
 }
 
 }  // namespace
