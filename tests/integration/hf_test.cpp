@@ -243,6 +243,12 @@ TEST(HfExport, InitFromAnotherShapeExits2NamingTheKeys) {
   r = run_keel("train" + kQuickRun + " --init-from " + (dir / "absent") + " --run-dir " +
                (dir / "run3"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  // A keel run directory where the export belongs: named, with the export that makes one.
+  r = run_keel("train" + kQuickRun + " --init-from " + run + " --run-dir " + (dir / "run4"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("a keel run directory"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("keel export " + run + " --format hf --out DIR"), std::string::npos)
+      << r.output;
 }
 
 // Wrong input to export: exit 2 and a message naming it; nothing half-written is left behind.
