@@ -127,6 +127,7 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
     paths.insert(paths.end(), matched.begin(), matched.end());
   }
   std::vector<InputFile> files;
+  std::vector<std::string> binary;  // skipped: a NUL byte in their first 4 KiB
   std::set<std::string> seen;
   for (const auto& p : paths) {
     std::error_code ec;
@@ -148,6 +149,7 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
       std::fclose(f);
       if (std::memchr(buf, 0, n)) {
         if (skipped) skipped->push_back(p);
+        binary.push_back(p);
         continue;
       }
     }
@@ -156,7 +158,21 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
         (options.format == "auto" && (ends_with(base, ".jsonl") || ends_with(base, ".ndjson")));
     files.push_back({p, jsonl});
   }
-  if (files.empty()) throw DataError("--input: every matched file was skipped as binary");
+  if (files.empty()) {
+    const bool parquet = std::any_of(binary.begin(), binary.end(), [](const std::string& p) {
+      return ends_with(p, ".parquet") || is_parquet_file(p);
+    });
+    throw DataError("--input: every matched file was skipped as binary (" +
+                    std::to_string(binary.size()) + " file(s), the first " +
+                    (binary.empty() ? std::string("?") : binary.front()) +
+                    ": a NUL byte in its first 4 KiB)" +
+                    (parquet ? "; HINT: they are parquet files and --format " + options.format +
+                                   " reads text: drop --format (auto) or give --format parquet"
+                     : options.format != "auto"
+                         ? "; HINT: --format " + options.format +
+                               " reads text; binary files are skipped whatever the format"
+                         : std::string("; HINT: give text, JSONL or parquet files")));
+  }
   return files;
 }
 

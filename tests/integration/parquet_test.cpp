@@ -74,6 +74,15 @@ TEST(ParquetInput, AMissingTextColumnNamesTheColumnsThere) {
   EXPECT_NE(r.output.find("no string column 'text'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("body (string)"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "out" / "meta.json"));
+  // Parquet read as JSONL (a forced --format): its bytes are binary; the refusal names the file
+  // and the format that did it.
+  r = run_keel("prepare --input " + (dir / "rows.parquet") + " --format jsonl --output " +
+               (dir / "out"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the first " + (dir / "rows.parquet")), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("they are parquet files and --format jsonl reads text"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
