@@ -1,5 +1,7 @@
 // `keel prepare --merge` (data/prepare_parts.h): every part checked, then the dedup decisions over
 // all of them in corpus order, and the kept documents' tokens packed into the dataset.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -22,6 +24,31 @@
 namespace keel::data {
 namespace fs = std::filesystem;
 namespace {
+
+// What differs between a part's `key` and the first part's, in words: the option and both values
+// (a few of them), or the input lists' sizes.
+std::string difference(const std::string& key, const nlohmann::json& mine,
+                       const nlohmann::json& first, const std::string& first_name) {
+  if (mine.is_object() && first.is_object()) {
+    std::string out;
+    int named = 0;
+    for (const auto& [k, v] : mine.items()) {
+      const nlohmann::json other = first.value(k, nlohmann::json());
+      if (v == other || ++named > 3) continue;
+      out += (out.empty() ? "" : "; ") +
+             fmt::format("its {}.{} is {}, {}'s {}", key, k, v.dump(), first_name, other.dump());
+    }
+    for (const auto& [k, v] : first.items())
+      if (!mine.contains(k) && ++named <= 3)
+        out += (out.empty() ? "" : "; ") +
+               fmt::format("its {} has no {} ({}'s is {})", key, k, first_name, v.dump());
+    if (!out.empty()) return out;
+  }
+  if (mine.is_array() && first.is_array() && mine.size() != first.size())
+    return fmt::format("its '{}' lists {} entries, {}'s {}", key, mine.size(), first_name,
+                       first.size());
+  return "its '" + key + "' differs from " + first_name + "'s";
+}
 
 [[noreturn]] void refuse_part(const fs::path& path, const std::string& what) {
   throw DataError(path.string() + ": " + what +
@@ -129,9 +156,10 @@ std::vector<Part> open_parts(const std::string& parts_dir) {
     const Part& p0 = parts.front();
     for (const char* key : {"inputs", "skipped_files", "options", "tokenizer", "tokenizer_file"})
       if (p.json.value(key, nlohmann::json()) != p0.json.value(key, nlohmann::json()))
-        refuse_part(dir / "part.json", std::string("its '") + key + "' differs from " +
-                                           part_name(0, tasks) + "'s: every task must be run " +
-                                           "on the same inputs with the same options");
+        refuse_part(dir / "part.json",
+                    difference(key, p.json.value(key, nlohmann::json()),
+                               p0.json.value(key, nlohmann::json()), part_name(0, tasks)) +
+                        ": every task must be run on the same inputs with the same options");
     const size_t want_first = parts.size() == 1 ? 0 : parts[parts.size() - 2].end;
     if (p.first != want_first || p.end < p.first || p.end > p0.json["inputs"].size())
       refuse_part(dir / "part.json", "its input files do not follow the previous part's");
