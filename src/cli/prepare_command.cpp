@@ -154,6 +154,7 @@ void add_filter_and_packing_options(CLI::App& sub, data::PrepareOptions& o) {
                  "the stratified sampler's cluster of a document: minhash (the first value of its "
                  "MinHash signature, so similar documents share one; the default) | hash (of the "
                  "text: at random) | source (its input file)")
+      ->option_text("minhash|hash|source")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, data::ClusterBy>{{"minhash", data::ClusterBy::kMinHash},
                                                  {"hash", data::ClusterBy::kHash},
@@ -227,6 +228,12 @@ std::string command_line(const data::PrepareOptions& o, const CLI::App& sub) {
         name == "--help")
       continue;
     command += " " + name;
+    if (name == "--cluster") {  // its results hold the enum's number, not the word given
+      command += o.cluster == data::ClusterBy::kMinHash ? " minhash"
+                 : o.cluster == data::ClusterBy::kHash  ? " hash"
+                                                        : " source";
+      continue;
+    }
     for (const auto& r : opt->results()) command += " " + r;
   }
   return command;
@@ -243,7 +250,7 @@ void register_prepare(CLI::App& app, int& exit_code) {
   auto tokenizer = std::make_shared<std::string>("byte");
   auto split = std::make_shared<SplitOptions>();
   auto* sub = app.add_subcommand("prepare",
-                                 "turn raw text (files, dirs, globs; text or JSONL; "
+                                 "turn raw text (files, dirs, globs; text, JSONL or parquet; "
                                  "gzip/zstd) into verified training shards");
   add_io_options(*sub, *o, *tokenizer);
   add_dedup_options(*sub, *o, *shingle, *scheme, *no_exact, *no_near);

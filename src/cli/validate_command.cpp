@@ -27,7 +27,7 @@ model::MemoryPlanOptions plan_options(const config::Config& cfg, int64_t world) 
   options.cuda = cfg.run.device != config::Device::kCpu;
   // As a single process on a GPU would run it (several ranks have a process group: no graph).
   options.cuda_graphs =
-      cfg.run.cuda_graphs != config::CudaGraphs::kOff &&
+      options.cuda && cfg.run.cuda_graphs != config::CudaGraphs::kOff &&
       train::graph_obstacle(cfg, torch::Device(torch::kCUDA, 0), world > 1).empty();
   return options;
 }

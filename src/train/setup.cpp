@@ -360,8 +360,17 @@ void Trainer::State::start_profiler() {
   constexpr int64_t kWarmSteps = 2;  // allocations, caches, (on a GPU) autotuning
   const int64_t steps = launch.options.profile_steps;
   if (steps <= 0) return;
-  const int64_t skip =
-      std::clamp<int64_t>(cfg.run.max_steps - counters.step - steps, 0, kWarmSteps);
+  const int64_t remaining = cfg.run.max_steps - counters.step;
+  const int64_t skip = std::clamp<int64_t>(remaining - steps, 0, kWarmSteps);
+  if (skip < kWarmSteps && comm.is_main())
+    log::warn("train",
+              "--profile {}: this start has {} step(s) left, so the trace {}; give at most {} "
+              "steps to record after the first {} (allocations, caches, autotuning)",
+              steps, remaining,
+              steps >= remaining
+                  ? fmt::format("records all {} of them, from the first", remaining)
+                  : fmt::format("starts after {} warm step(s), not {}", skip, kWarmSteps),
+              std::max<int64_t>(remaining - kWarmSteps, 1), kWarmSteps);
   record.profiler = std::make_unique<monitor::StepProfiler>(
       steps, skip, launch.run_dir + "/profile", comm.rank(), device.is_cuda());
 }

@@ -103,6 +103,10 @@ TEST(PrepareCommand, PreparesTheFortunesCorpus) {
   EXPECT_GT(report["documents_out"].get<int64_t>(), 1000);
   EXPECT_GT(report["skipped_files"].size(), 0u);  // the .dat indexes
   EXPECT_EQ(data::shard_vocab_size(dir.str()), 257);
+  // meta.json records the command as it was given, --cluster's word included (it was its number).
+  const auto meta = nlohmann::json::parse(data::testing::read_bytes(dir.str() + "/meta.json"));
+  EXPECT_NE(meta["prepare_command"].get<std::string>().find("--cluster source"), std::string::npos)
+      << meta["prepare_command"];
 }
 
 // Every core changes how fast, never what: --jobs 2 writes the same shards, index and vocabulary as

@@ -28,6 +28,7 @@ TEST(Profile, RecordsTheAskedStepsWithTheirStagesAndChangesNoLoss) {
   const fs::path trace = dir.path() / "profiled/profile/rank0_steps_3-5.json";
   ASSERT_TRUE(fs::exists(trace)) << r.output;
   EXPECT_NE(r.output.find("profile written to " + trace.string()), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("--profile 3: this start has"), std::string::npos) << r.output;
 
   std::ifstream in(trace);
   const auto json = nlohmann::json::parse(in);
@@ -42,6 +43,15 @@ TEST(Profile, RecordsTheAskedStepsWithTheirStagesAndChangesNoLoss) {
   EXPECT_EQ(count["keel/optimizer"], 3);
   EXPECT_EQ(count["keel/checkpoint"], 3);
   EXPECT_GT(count["aten::mm"] + count["aten::addmm"] + count["aten::matmul"], 0);
+
+  // More steps than the run has left: recorded from the first step, and said so.
+  r = run_keel("train --run-dir " + (dir / "long") + run + " --profile 40");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir.path() / "long/profile/rank0_steps_1-10.json")) << r.output;
+  EXPECT_NE(r.output.find("--profile 40: this start has 10 step(s) left, so the trace records "
+                          "all 10 of them, from the first"),
+            std::string::npos)
+      << r.output;
 
   r = run_keel("train --run-dir " + (dir / "plain") + run);
   ASSERT_EQ(r.exit_code, 0) << r.output;
