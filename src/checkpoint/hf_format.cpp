@@ -492,19 +492,15 @@ void check_hf_config(const fs::path& dir, const config::ModelConfig& m) {
                           "directory (config.json and model.safetensors), as `keel export "
                           "--format hf` writes");
   const fs::path config_file = dir / "config.json";
-  if (!fs::exists(config_file, ec)) {
-    // A keel run or checkpoint directory is the likeliest mistake: name it, and the export.
-    const bool run = fs::exists(dir / "metrics.jsonl", ec) || fs::exists(dir / "checkpoints", ec);
-    const bool checkpoint = fs::exists(dir / "trainer_state.json", ec);
-    throw CheckpointError(
-        dir.string() + ": no config.json" +
-        (run          ? std::string(": a keel run directory")
-         : checkpoint ? std::string(": a keel checkpoint")
-                      : std::string()) +
-        "; HINT: --init-from wants a Hugging Face model directory (config.json and "
-        "model.safetensors): `keel export " +
-        (run || checkpoint ? dir.string() : std::string("RUN_DIR")) +
-        " --format hf --out DIR` writes one; to continue this run itself, use --resume");
+  if (!fs::exists(config_file, ec)) {  // a keel run or checkpoint is the likeliest mistake
+    const std::string what = fs::exists(dir / "trainer_state.json", ec) ? ": a keel checkpoint"
+                             : fs::exists(dir / "checkpoints", ec)      ? ": a keel run directory"
+                                                                        : "";
+    throw CheckpointError(dir.string() + ": no config.json" + what +
+                          "; HINT: --init-from wants a Hugging Face model directory (config.json "
+                          "and model.safetensors): `keel export " +
+                          (what.empty() ? "RUN_DIR" : dir.string()) +
+                          " --format hf --out DIR` writes one; to continue this run, use --resume");
   }
   const json hf = read_json_file(config_file);
   if (!hf.is_object()) throw CheckpointError(config_file.string() + ": not a JSON object");

@@ -92,6 +92,28 @@ class DocumentReader::Stream {
   bool frame_done_ = true;
 };
 
+namespace {
+
+// Every matched file was skipped as binary: how many, the first, and when they are parquet read
+// under a forced --format, that.
+[[noreturn]] void refuse_all_binary(const std::vector<std::string>& binary,
+                                    const std::string& format) {
+  const bool parquet = std::any_of(binary.begin(), binary.end(), [](const std::string& p) {
+    return ends_with(p, ".parquet") || is_parquet_file(p);
+  });
+  throw DataError(
+      "--input: every matched file was skipped as binary (" + std::to_string(binary.size()) +
+      " file(s), the first " + (binary.empty() ? std::string("?") : binary.front()) +
+      ": a NUL byte in its first 4 KiB)" +
+      (parquet ? "; HINT: they are parquet files and --format " + format +
+                     " reads text: drop --format (auto) or give --format parquet"
+       : format != "auto" ? "; HINT: --format " + format +
+                                " reads text; binary files are skipped whatever the format"
+                          : std::string("; HINT: give text, JSONL or parquet files")));
+}
+
+}  // namespace
+
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
                                      const InputOptions& options,
                                      std::vector<std::string>* skipped) {
@@ -158,21 +180,7 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& specs,
         (options.format == "auto" && (ends_with(base, ".jsonl") || ends_with(base, ".ndjson")));
     files.push_back({p, jsonl});
   }
-  if (files.empty()) {
-    const bool parquet = std::any_of(binary.begin(), binary.end(), [](const std::string& p) {
-      return ends_with(p, ".parquet") || is_parquet_file(p);
-    });
-    throw DataError("--input: every matched file was skipped as binary (" +
-                    std::to_string(binary.size()) + " file(s), the first " +
-                    (binary.empty() ? std::string("?") : binary.front()) +
-                    ": a NUL byte in its first 4 KiB)" +
-                    (parquet ? "; HINT: they are parquet files and --format " + options.format +
-                                   " reads text: drop --format (auto) or give --format parquet"
-                     : options.format != "auto"
-                         ? "; HINT: --format " + options.format +
-                               " reads text; binary files are skipped whatever the format"
-                         : std::string("; HINT: give text, JSONL or parquet files")));
-  }
+  if (files.empty()) refuse_all_binary(binary, options.format);
   return files;
 }
 
