@@ -32,6 +32,31 @@ model::MemoryPlanOptions plan_options(const config::Config& cfg, int64_t world) 
   return options;
 }
 
+// Nothing keel can change fits at this world size: the fewest ranks (doubling) at which the config
+// fits as it is or with its cheapest change, or that no number of ranks makes it fit.
+std::string more_ranks_advice(const config::Config& cfg, const model::MemoryPlanOptions& options,
+                              double device_memory) {
+  constexpr int64_t kMostRanks = int64_t{1} << 16;
+  for (int64_t w = std::max<int64_t>(options.world_size, 1) * 2; w <= kMostRanks; w *= 2) {
+    model::MemoryPlanOptions more = options;
+    more.world_size = w;
+    if (model::plan_memory(cfg, more).total() <= device_memory)
+      return fmt::format(
+          "nothing keel can change fits at {} rank(s); at {} ranks it fits as it is "
+          "(--world-size {})",
+          options.world_size, w, w);
+    if (auto fit = model::cheapest_fit(cfg, more, device_memory))
+      return fmt::format(
+          "nothing keel can change fits at {} rank(s); at {} ranks (--world-size "
+          "{}) the cheapest change that fits: {}",
+          options.world_size, w, w, *fit);
+  }
+  return fmt::format(
+      "nothing fits at any number of ranks up to {}: a smaller model, or a smaller "
+      "data.micro_batch_size or model.seq_len",
+      kMostRanks);
+}
+
 // With a device budget `plan` does not fit: says so, with the cheapest change that fits.
 bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded,
                    const model::MemoryPlanOptions& options, const model::MemoryPlan& plan,
@@ -42,9 +67,8 @@ bool refuse_memory(const config::Config& cfg, const config::LoadedConfig& loaded
       config::Diagnostic::Severity::kError, "model", loaded.where("model"),
       fmt::format("the memory plan needs {:.2f} GB per rank, more than --device-memory {:.2f} GB{}",
                   plan.total() / 1e9, device_memory / 1e9,
-                  fit ? "\nHINT: the cheapest change that fits: " + *fit
-                      : std::string("\nHINT: nothing keel can change fits; use more ranks (with "
-                                    "distributed.zero: 3) or a smaller model"))};
+                  "\nHINT: " + (fit ? "the cheapest change that fits: " + *fit
+                                    : more_ranks_advice(cfg, options, device_memory)))};
   std::cerr << format_memory_plan(plan, cfg);
   print_diagnostics({d});
   return true;

@@ -67,6 +67,16 @@ TEST(MemoryPlan, DeviceMemoryRefusesWithTheCheapestChangeThatFits) {
   // Fits: no refusal, the plan on the report.
   r = run_keel("validate " + config + " --no-probe --device-memory 80e9");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Nothing fits at this world size: the advice names the fewest ranks that fit, or that no number
+  // of ranks does, not "use more ranks" whatever --world-size said.
+  r = run_keel("validate " + config + " --no-probe --device-memory 1.5e9 --world-size 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nothing keel can change fits at 2 rank(s); at 4 ranks (--world-size 4)"),
+            std::string::npos)
+      << r.output;
+  r = run_keel("validate " + config + " --no-probe --device-memory 1e8 --world-size 8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nothing fits at any number of ranks"), std::string::npos) << r.output;
 }
 
 }  // namespace
