@@ -30,8 +30,17 @@ std::vector<config::Diagnostic> check(const config::LoadedConfig& loaded,
   auto diagnostics = loaded.diagnostics;
   const auto source = loaded.config.data.source;
   try {
-    if (source == config::DataSource::kShards && !opts.data_vocab_size)
-      opts.data_vocab_size = data::shard_vocab_size(loaded.config.data.path);
+    if (source == config::DataSource::kShards && !opts.data_vocab_size) {
+      const data::DatasetMeta meta = data::read_meta(loaded.config.data.path);
+      opts.data_vocab_size = meta.vocab_size;
+      int64_t tokens = 0;  // in the train split: what training reads
+      if (auto train = meta.splits.find("train"); train != meta.splits.end())
+        for (const auto& shard : train->second.shards) tokens += shard.tokens;
+      if (tokens == 0)
+        throw DataError(loaded.config.data.path +
+                        ": the dataset's train split holds no token; HINT: prepare it again from "
+                        "inputs that keep documents (prepare's report.txt says what it removed)");
+    }
     // Pre-tokenized files: their headers and index, not their tokens (the loader reads those).
     if ((source == config::DataSource::kMegatron || source == config::DataSource::kLlmc) &&
         !loaded.config.data.path.empty())

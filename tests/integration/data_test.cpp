@@ -11,6 +11,33 @@
 namespace keel::testing {
 namespace {
 
+// A dataset whose train split holds no token (an older keel's, or edited by hand: prepare refuses
+// to write one) fails validate, as train would, naming data.path.
+TEST(PrepareCommand, ADatasetWithNoTrainTokenFailsValidate) {
+  ScratchDir dir("validate_no_tokens");
+  std::filesystem::create_directories(dir / "in");
+  for (int i = 0; i < 50; ++i)
+    write_file(dir / ("in/d" + std::to_string(i) + ".txt"),
+               "document number " + std::to_string(i) + " with words enough for the filters");
+  auto r = run_keel("prepare --input " + (dir / "in") + " --output " + (dir / "data"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::filesystem::path meta_path = dir.path() / "data/meta.json";
+  nlohmann::json meta = nlohmann::json::parse(data::testing::read_bytes(meta_path.string()));
+  meta["splits"]["train"] = meta["splits"]["val"];  // no shard, no token
+  meta["splits"]["train"]["index"]["file"] = "train.idx";
+  std::filesystem::copy_file(dir.path() / "data/val.idx", dir.path() / "data/train.idx",
+                             std::filesystem::copy_options::overwrite_existing);
+  write_file(meta_path, meta.dump());
+  r = run_keel("validate --no-probe --set data.source=shards --set data.path=" + (dir / "data") +
+               " --set model.vocab_size=auto");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.path: " + (dir / "data") +
+                          ": the dataset's train split holds no "
+                          "token"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(PrepareCommand, WritesVerifiedShardsAndAReport) {
   ScratchDir dir("prepare_cli");
   std::mt19937_64 rng(5);
