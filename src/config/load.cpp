@@ -537,17 +537,22 @@ namespace {
 
 // A config file beside `path` that it most likely meant (tiny.yml for tiny.yaml): " HINT: did you
 // mean ...?", or the usual hint.
-std::string missing_config_hint(const std::string& path) {
-  namespace fs = std::filesystem;
+// The config files (.yaml, .yml) in `dir`, by name, sorted.
+std::vector<std::string> config_files_in(const std::filesystem::path& dir) {
   std::error_code ec;
-  const fs::path given(path);
-  const fs::path dir = given.has_parent_path() ? given.parent_path() : fs::path(".");
-  std::vector<std::string> configs;
-  for (const auto& e : fs::directory_iterator(dir, ec))
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     if (e.is_regular_file(ec) &&
         (e.path().extension() == ".yaml" || e.path().extension() == ".yml"))
-      configs.push_back(e.path().filename().string());
-  if (auto near = closest_word(given.filename().string(), configs))
+      out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string missing_config_hint(const std::string& path) {
+  const std::filesystem::path given(path);
+  const std::filesystem::path dir = given.has_parent_path() ? given.parent_path() : ".";
+  if (auto near = closest_word(given.filename().string(), config_files_in(dir)))
     return ". HINT: did you mean " + (dir / *near).string() + "?";
   return ". HINT: check the path; `keel validate` takes the YAML file itself";
 }
@@ -558,9 +563,8 @@ LoadedConfig load_config(const std::string& path, const std::vector<std::string>
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {  // it opens, and reads as an empty config
     std::string configs;
-    for (const auto& e : std::filesystem::directory_iterator(path, ec))
-      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml")
-        configs += (configs.empty() ? "" : ", ") + e.path().string();
+    for (const auto& name : config_files_in(path))
+      configs += (configs.empty() ? "" : ", ") + (std::filesystem::path(path) / name).string();
     throw ConfigError(path + ": a directory, not a config file. HINT: give the YAML file itself" +
                       (configs.empty() ? std::string() : " (" + configs + ")"));
   }

@@ -430,12 +430,13 @@ Decision Guard::observe(const StepSignals& s) {
 
 namespace {
 
-// The ranks whose value differs from the one more than half of them hold (bit for bit: the reduced
-// gradients of healthy replicas are the same to the bit); empty when no value has a majority.
+// Healthy replicas' reduced gradients are the same to the bit, so their norms are compared bit for
+// bit (a NaN equals the same NaN).
+bool same(double a, double b) { return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b); }
+
+// The ranks whose value differs from the one more than half of them hold; empty when no value has
+// a majority.
 std::vector<int64_t> minority_ranks(const std::vector<double>& values) {
-  const auto same = [](double a, double b) {
-    return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b);
-  };
   for (double candidate : values) {
     const auto holders =
         std::count_if(values.begin(), values.end(), [&](double v) { return same(v, candidate); });
@@ -449,6 +450,11 @@ std::vector<int64_t> minority_ranks(const std::vector<double>& values) {
 }
 
 }  // namespace
+
+bool replicas_agree(const std::vector<double>& rank_grad_norms) {
+  return std::all_of(rank_grad_norms.begin(), rank_grad_norms.end(),
+                     [&](double v) { return same(v, rank_grad_norms.front()); });
+}
 
 Decision Guard::replicas_disagree(const StepSignals& s,
                                   const std::vector<double>& rank_grad_norms) {

@@ -143,6 +143,10 @@ struct Decision {
   int64_t rollback = 0;
 };
 
+// Whether several ranks' global gradient norms (rank order; empty or one: trivially) are the same
+// to the bit, as healthy replicas' reduced gradients make them; Guard::replicas_disagree otherwise.
+bool replicas_agree(const std::vector<double>& rank_grad_norms);
+
 // The levels past which observe() pauses the step, known before the step's values are. With them
 // the device refuses an update before the host has read the step (stability.update_gate: device):
 // observe() refuses exactly the steps whose loss or gradient norm is non-finite, whose fp16 scaler

@@ -1,7 +1,6 @@
 // The guard's verdict on a step: its values queued for the host (with, under
 // stability.update_gate: device, the device's own verdict on the update, so the update need not
 // wait for the host), the host's decision on them, and its record.
-#include <bit>
 #include <stdexcept>
 
 #include "common/clock.h"
@@ -29,14 +28,6 @@ torch::Tensor refusal(const StepResult& r, const guard::PauseLevels& levels,
   if (rank_norms.defined())
     refuse = refuse.logical_or(rank_norms.ne(r.grad_norm.reshape({1})).any());
   return refuse.to(torch::kFloat32).reshape({1});
-}
-
-// Whether every rank's global norm is the same to the bit (healthy replicas' reduced gradients).
-bool replicas_agree(const std::vector<double>& rank_norms) {
-  if (rank_norms.empty()) return true;  // one rank
-  for (double v : rank_norms)
-    if (std::bit_cast<uint64_t>(v) != std::bit_cast<uint64_t>(rank_norms.front())) return false;
-  return true;
 }
 
 }  // namespace
@@ -86,7 +77,7 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
   s.layer_grad_norms = h.layer_grad_norms;
   s.clipped = s.grad_norm > r.clip_bound;
   s.loss_scale = h.loss_scale;
-  if (!replicas_agree(h.rank_grad_norms)) {  // not the data's doing, nor the model's
+  if (!guard::replicas_agree(h.rank_grad_norms)) {  // not the data's doing, nor the model's
     v.decision = guard->replicas_disagree(s, h.rank_grad_norms);
     for (auto& e : v.decision.events) e.detail["hosts"] = launch.rank_hosts;
     v.signals = {{"rank_grad_norms", h.rank_grad_norms}, {"lr", lr}};
