@@ -113,7 +113,8 @@ def run_keel(args, shape, warmup, steps, extra=()):
     leaves out."""
     log_every = args.log_every or shape.log_every
     sets = [
-        "model.arch=llama", f"model.vocab_size={shape.vocab}", f"model.d_model={shape.d_model}",
+        "model.arch=llama", "model.qk_norm=off",  # the reference model has no q/k norms
+        f"model.vocab_size={shape.vocab}", f"model.d_model={shape.d_model}",
         f"model.n_layers={shape.layers}", f"model.n_heads={shape.heads}", f"model.seq_len={shape.seq_len}",
         f"data.micro_batch_size={shape.batch}",
         f"run.threads={args.threads}", f"run.device={args.device}", f"run.precision={args.precision}",

@@ -37,7 +37,8 @@ BATCH = 2
 WEIGHT_STD, GAIN_STD, BIAS_STD = 0.1, 0.1, 0.05
 
 # keel ModelConfig fields (config/schema.h) of each golden model. llama: grouped-query attention
-# (4 query heads on 2 kv heads), tied embeddings, no z-loss (keel's defaults); d_ff 44 leaves a
+# (4 query heads on 2 kv heads), tied embeddings, no z-loss (keel's defaults), and no qk-norm (the
+# plain Llama the reference builds; keel's llama default since issue 47 has it); d_ff 44 leaves a
 # 4-float tail after the 8-float AVX2 lanes of the fused SwiGLU. gpt2: untied head and a z-loss,
 # so that both of keel's head and loss paths are covered.
 CONFIGS = {

@@ -79,7 +79,7 @@ std::vector<Mapping> mappings(const config::ModelConfig& m) {
                      {{h + "self_attn.q_proj.weight", 0, H * D},
                       {h + "self_attn.k_proj.weight", H * D, Hkv * D},
                       {h + "self_attn.v_proj.weight", (H + Hkv) * D, Hkv * D}}});
-      if (m.qk_norm) {
+      if (config::qk_norm_on(m)) {
         one(k + "attn.q_norm.weight", {D}, h + "self_attn.q_norm.weight");
         one(k + "attn.k_norm.weight", {D}, h + "self_attn.k_norm.weight");
       }
@@ -236,10 +236,10 @@ torch::Tensor assemble(const Mapping& map,
 }  // namespace
 
 std::string hf_architecture(const config::ModelConfig& m) {
-  if (!is_gpt2(m)) return m.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-  if (m.qk_norm)
+  if (!is_gpt2(m)) return config::qk_norm_on(m) ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  if (config::qk_norm_on(m))
     throw ConfigError(
-        "model.qk_norm: true has no GPT-2 equivalent in transformers (GPT2LMHeadModel has no "
+        "model.qk_norm: on has no GPT-2 equivalent in transformers (GPT2LMHeadModel has no "
         "q/k norms); HINT: arch llama with qk_norm exports as Qwen3ForCausalLM");
   if (config::effective_kv_heads(m) != m.n_heads)
     throw ConfigError(fmt::format(
@@ -280,7 +280,7 @@ json hf_config(const config::ModelConfig& m, const HfTokenIds& tokens) {
             {"use_cache", true},
             {"dtype", "float32"}};
   }
-  const bool qwen3 = m.qk_norm;
+  const bool qwen3 = config::qk_norm_on(m);
   json j = {{"architectures", {arch}},
             {"model_type", qwen3 ? "qwen3" : "llama"},
             {"vocab_size", m.vocab_size},
@@ -407,11 +407,11 @@ TensorMap from_hf_tensors(const TensorMap& hf, const config::ModelConfig& m,
 std::vector<std::string> hf_config_mismatches(const json& hf, const config::ModelConfig& m,
                                               const std::string& file) {
   const std::string arch = config::name_of(m.arch).data();
-  const std::string want_type = is_gpt2(m) ? "gpt2" : (m.qk_norm ? "qwen3" : "llama");
+  const std::string want_type = is_gpt2(m) ? "gpt2" : (config::qk_norm_on(m) ? "qwen3" : "llama");
   Checker c(hf, file);
   const std::string keel_arch =
       fmt::format("model.arch {}, model.qk_norm {} in the config (transformers model_type {})",
-                  arch, m.qk_norm, want_type);
+                  arch, config::name_of(m.qk_norm), want_type);
   c.expect("model_type", want_type, keel_arch);
   auto problems = c.take();
   if (!problems.empty()) return problems;  // the other keys would not mean the same
@@ -475,7 +475,7 @@ std::vector<std::string> hf_config_mismatches(const json& hf, const config::Mode
         hf["rope_scaling"].value("rope_type", hf["rope_scaling"].value("type", json("default")));
   c.check("rope_type", rope_type, "default", "keel's rotary is unscaled (rope_type default)");
   c.expect("attention_bias", false, "keel's llama attention has no biases", false);
-  if (m.qk_norm) {
+  if (want_type == "qwen3") {
     c.expect("use_sliding_window", false, "keel's attention is full causal", false);
   } else {
     c.expect("mlp_bias", false, "keel's llama MLP has no biases", false);

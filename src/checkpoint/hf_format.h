@@ -1,10 +1,11 @@
 // keel's models in Hugging Face transformers' layout, both ways (`keel export --format hf`,
 // `keel train --init-from HF_DIR`):
-//   arch llama                 LlamaForCausalLM  (model_type llama)
-//   arch llama, qk_norm true   Qwen3ForCausalLM  (model_type qwen3: Llama plus an RMSNorm over each
-//                              head of q and k before the rotary, exactly keel's qk_norm)
+//   arch llama, qk_norm off    LlamaForCausalLM  (model_type llama)
+//   arch llama, qk_norm on     Qwen3ForCausalLM  (model_type qwen3: Llama plus an RMSNorm over each
+//                              head of q and k before the rotary, exactly keel's qk_norm; llama's
+//                              default, auto)
 //   arch gpt2                  GPT2LMHeadModel   (model_type gpt2; needs n_kv_heads = n_heads and
-//                              no qk_norm, which GPT-2 does not have)
+//                              qk_norm off, its auto: GPT-2 has no q/k norms)
 // Tensor names (legend: C d_model, H heads, Hkv kv heads, D head dim, F MLP width, V vocabulary):
 //   keel                        llama / qwen3 (model.)               gpt2 (transformer.)
 //   tok_emb.weight (V, C)       embed_tokens.weight                  wte.weight
@@ -91,6 +92,17 @@ std::vector<std::string> hf_config_mismatches(const nlohmann::json& hf,
 // when DIR or its config.json cannot be read): the cheap check `keel train --init-from` makes
 // before it starts anything.
 void check_hf_config(const std::filesystem::path& dir, const config::ModelConfig& m);
+
+// model.qk_norm of the keel model a transformers config.json (`hf`) describes, from its model_type:
+// qwen3 on, llama and gpt2 off; nullopt for any other (check_hf_config then names it). `keel train
+// --init-from` gives an auto model.qk_norm this value, so that a Llama starts a Llama.
+inline std::optional<config::Switch> hf_qk_norm(const nlohmann::json& hf) {
+  if (!hf.is_object() || !hf.contains("model_type")) return std::nullopt;
+  const nlohmann::json& type = hf.at("model_type");
+  if (type == "qwen3") return config::Switch::kOn;
+  if (type == "llama" || type == "gpt2") return config::Switch::kOff;
+  return std::nullopt;
+}
 
 // A Hugging Face model directory read one of keel's tensors at a time (`keel train --init-from`,
 // which never holds a second copy of the model, and under ZeRO-3 reads unit by unit): config.json

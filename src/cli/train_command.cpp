@@ -1,5 +1,8 @@
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
+#include <fstream>
+
 #include "checkpoint/hf_format.h"
 #include "cli/config_args.h"
 #include "cli/number_options.h"
@@ -10,6 +13,24 @@
 #include "train/trainer.h"
 
 namespace keel::cli {
+namespace {
+
+// --init-from DIR with model.qk_norm auto: DIR's model_type decides (checkpoint::hf_qk_norm), so
+// that a LlamaForCausalLM starts a model without q/k norms and a Qwen3ForCausalLM one with them.
+// A config.json that cannot be read is left to check_hf_config, which names the problem.
+void qk_norm_from_hf(const std::string& dir, config::ModelConfig& m) {
+  if (dir.empty() || m.qk_norm != config::Switch::kAuto) return;
+  std::ifstream in(std::filesystem::path(dir) / "config.json");
+  if (!in) return;
+  const auto hf = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (const auto qk_norm = checkpoint::hf_qk_norm(hf)) {
+    m.qk_norm = *qk_norm;
+    log::info("model", "model.qk_norm: {} from {}'s model_type (--init-from)",
+              config::name_of(*qk_norm), dir);
+  }
+}
+
+}  // namespace
 
 void register_train(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConfigArgs>();
@@ -29,8 +50,9 @@ void register_train(CLI::App& app, int& exit_code) {
           {"skip", train::ResumeData::kSkip}, {"replay", train::ResumeData::kReplay}}));
   sub->add_option("--init-from", options->init_from,
                   "start from the weights of a Hugging Face model directory (`keel export "
-                  "--format hf` writes one; its config.json must match the model section); a "
-                  "resume that finds a checkpoint uses the checkpoint's weights instead");
+                  "--format hf` writes one; its config.json must match the model section, and "
+                  "an auto model.qk_norm follows its model_type); a resume that finds a "
+                  "checkpoint uses the checkpoint's weights instead");
   sub->add_option("--profile", options->profile_steps,
                   "record STEPS optimizer steps (after the first two) with LibTorch's profiler "
                   "into RUN_DIR/profile/rank<R>_steps_<A>-<B>.json, a Chrome trace with the "
@@ -56,6 +78,7 @@ void register_train(CLI::App& app, int& exit_code) {
     // production.validated combinations included).
     const distributed::LaunchEnv env = distributed::launch_env();
     log::init(env.rank, env.world_size);
+    qk_norm_from_hf(options->init_from, loaded.config.model);
     config::ValidateOptions validate_options;
     validate_options.run_dir = options->run_dir;  // the free-space check looks where checkpoints go
     validate_options.world_size = env.world_size;

@@ -155,6 +155,16 @@ std::string convert(const YAML::Node& n, E& out) {
   return "";
 }
 
+// A Switch also reads a bool, as model.qk_norm was one: true (yes) is on, false (no) off.
+std::string convert(const YAML::Node& n, Switch& out) {
+  bool flag = false;
+  if (n.IsScalar() && !parse_choice<Switch>(n.Scalar()) && convert(n, flag).empty()) {
+    out = flag ? Switch::kOn : Switch::kOff;
+    return "";
+  }
+  return convert<Switch>(n, out);
+}
+
 // An integer that may be `auto` (kAuto).
 std::string convert_auto(const YAML::Node& n, int64_t& out) {
   if (is_plain_scalar(n) && n.Scalar() == "auto") {

@@ -61,7 +61,7 @@ int64_t parameter_count(const ModelConfig& m) {
   const double mlp = gpt2 ? 2 * C * F + F + C : 3 * C * F;
   // Norms: two per layer plus a final one; LayerNorm (gpt2) has a bias, RMSNorm (llama) not.
   const double norm = gpt2 ? 2 * C : C;
-  const double qk_norm = m.qk_norm ? 2 * D : 0;
+  const double qk_norm = qk_norm_on(m) ? 2 * D : 0;
   return to_int64(embeddings + L * (attention + mlp + 2 * norm + qk_norm) + norm);
 }
 
@@ -110,6 +110,7 @@ int64_t padded_vocab_size(int64_t data_vocab_size) {
 Config resolve_auto(Config c, std::optional<int64_t> data_vocab_size) {
   if (c.model.vocab_size == kAuto && data_vocab_size)
     c.model.vocab_size = padded_vocab_size(*data_vocab_size);
+  c.model.qk_norm = qk_norm_on(c.model) ? Switch::kOn : Switch::kOff;
   c.schedule.warmup_steps = warmup_steps(c.schedule, c.run.max_steps);
   c.stability.recovery.steps = recovery_steps(c.stability, c.run.max_steps);
   c.stability.rollback.stuck_steps = stuck_steps(c.stability.rollback, c.run.max_steps);

@@ -37,7 +37,7 @@ BlockBytes block_bytes(const config::Config& cfg, bool cuda) {
   const double probs = B * H * T * T * 4;
   const bool fused_attention = !cuda && fp32 && m.dropout == 0.0 && m.seq_len <= kMaxAttentionSeq &&
                                probs <= static_cast<double>(kMaxAttentionProbsBytes);
-  const bool fused_rope = !cuda && fp32 && llama && !m.qk_norm;
+  const bool fused_rope = !cuda && fp32 && llama && !config::qk_norm_on(m);
 
   BlockBytes b;
   b.kept += N * C * stream * 2;  // the block's input and the residual after attention (norm inputs)

@@ -72,7 +72,7 @@ class AttentionImpl : public torch::nn::Module {
     const int64_t qkv_out = (n_heads_ + 2 * n_kv_heads_) * head_dim_;
     qkv_ = register_module("qkv", Linear(cfg.d_model, qkv_out, bias, deferred));
     proj_ = register_module("proj", Linear(cfg.d_model, cfg.d_model, bias, deferred));
-    if (cfg.qk_norm) {
+    if (config::qk_norm_on(cfg)) {
       q_norm_ = register_module("q_norm", Norm(head_dim_, /*rms=*/true, deferred));
       k_norm_ = register_module("k_norm", Norm(head_dim_, /*rms=*/true, deferred));
     }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/tensor_file.h"
@@ -169,16 +171,20 @@ TEST_P(HfExportFlavour, TransformersComputesKeelsLogits) {
 INSTANTIATE_TEST_SUITE_P(
     Flavours, HfExportFlavour,
     ::testing::Values(Flavour{"llama_gqa_untied",
-                              " --set model.n_kv_heads=2 --set model.tie_embeddings=false",
+                              " --set model.qk_norm=false --set model.n_kv_heads=2"
+                              " --set model.tie_embeddings=false",
                               "LlamaForCausalLM"},
-                      Flavour{"llama_gqa_tied", " --set model.n_kv_heads=1", "LlamaForCausalLM"},
+                      Flavour{"llama_gqa_tied", " --set model.qk_norm=off --set model.n_kv_heads=1",
+                              "LlamaForCausalLM"},
                       Flavour{"llama_qk_norm", " --set model.qk_norm=true --set model.n_kv_heads=2",
                               "Qwen3ForCausalLM"},
                       Flavour{"gpt2_tied", " --set model.arch=gpt2", "GPT2LMHeadModel"},
                       Flavour{"gpt2_untied",
                               " --set model.arch=gpt2 --set model.tie_embeddings=false",
                               "GPT2LMHeadModel"},
-                      Flavour{"llama_synthetic", "", "LlamaForCausalLM", /*text=*/false}),
+                      // keel's default llama (kQuickRun turns model.qk_norm off; auto is on).
+                      Flavour{"llama_synthetic", " --set model.qk_norm=auto", "Qwen3ForCausalLM",
+                              /*text=*/false}),
     [](const ::testing::TestParamInfo<Flavour>& info) { return std::string(info.param.name); });
 
 // A SentencePiece dataset: transformers' tokenizer encodes the prompt to keel's ids, and the
@@ -202,21 +208,28 @@ TEST(HfExport, SentencePieceTokenizerEncodesAsKeel) {
 }
 
 // export -> train --init-from (its step-0 checkpoint) -> export: the same bytes, for both archs.
+// The init-from run leaves model.qk_norm auto, so the LlamaForCausalLM's model_type must turn it
+// off (else config.json would not match).
 TEST(HfExport, InitFromThenExportIsBitIdentical) {
   ScratchDir dir("hf_roundtrip");
-  for (const std::string sets : {" --set model.n_kv_heads=2 --set model.tie_embeddings=false",
-                                 " --set model.arch=gpt2 --set model.tie_embeddings=false"}) {
-    SCOPED_TRACE(sets);
+  const std::string llama = " --set model.n_kv_heads=2 --set model.tie_embeddings=false";
+  const std::string gpt2 = " --set model.arch=gpt2 --set model.tie_embeddings=false";
+  const std::string auto_qk = " --set model.qk_norm=auto";  // after kQuickRun's off
+  for (const auto& [trained, sets] : std::vector<std::pair<std::string, std::string>>{
+           {llama + " --set model.qk_norm=off", llama + auto_qk}, {gpt2, gpt2 + auto_qk}}) {
+    SCOPED_TRACE(trained);
     std::error_code ec;
     for (const char* leftover : {"run", "run2", "hf", "hf2"})
       checkpoint::remove_tree(dir / leftover, ec);
-    const std::string run = train(dir, "run", "", sets);
+    const std::string run = train(dir, "run", "", trained);
     ASSERT_EQ(export_hf(run, dir / "hf").exit_code, 0);
     auto r = run_keel("train" + kQuickRun + sets +
                       " --set run.max_steps=2 --set schedule.warmup_steps=1 --init-from " +
                       (dir / "hf") + " --run-dir " + (dir / "run2"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("--init-from"), std::string::npos) << r.output;
+    if (sets == llama + auto_qk)
+      EXPECT_NE(r.output.find("model.qk_norm: off from"), std::string::npos) << r.output;
     r = export_hf(dir / "run2/checkpoints/step_00000000", dir / "hf2");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     for (const char* file : {"model.safetensors", "config.json", "generation_config.json"})

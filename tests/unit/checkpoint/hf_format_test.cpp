@@ -50,12 +50,14 @@ struct Flavour {
 };
 
 std::vector<Flavour> flavours() {
-  auto llama = small(config::Arch::kLlama);
+  auto llama_default = small(config::Arch::kLlama);  // model.qk_norm auto: on for llama
+  auto llama = llama_default;
+  llama.qk_norm = config::Switch::kOff;  // plain Llama
   auto gqa_untied = llama;
   gqa_untied.n_kv_heads = 2;
   gqa_untied.tie_embeddings = false;
   auto qk = llama;
-  qk.qk_norm = true;
+  qk.qk_norm = config::Switch::kOn;
   qk.n_kv_heads = 1;
   qk.d_ff = 48;
   auto gpt2 = small(config::Arch::kGpt2);
@@ -64,6 +66,7 @@ std::vector<Flavour> flavours() {
   return {{"llama", llama, "LlamaForCausalLM"},
           {"llama_gqa_untied", gqa_untied, "LlamaForCausalLM"},
           {"llama_qk_norm", qk, "Qwen3ForCausalLM"},
+          {"llama_default", llama_default, "Qwen3ForCausalLM"},
           {"gpt2", gpt2, "GPT2LMHeadModel"},
           {"gpt2_untied", gpt2_untied, "GPT2LMHeadModel"}};
 }
@@ -149,7 +152,7 @@ TEST(HfFormat, RefusesUnknownMissingAndMisshapenTensors) {
 
 TEST(HfFormat, RefusesWhatGpt2CannotHold) {
   auto qk = small(config::Arch::kGpt2);
-  qk.qk_norm = true;
+  qk.qk_norm = config::Switch::kOn;
   try {
     hf_architecture(qk);
     FAIL() << "gpt2 with qk_norm exported";
@@ -194,6 +197,18 @@ TEST(HfFormat, ConfigAgreesWithItselfAndNamesEachMismatch) {
   // A gpt2 directory for a llama config: one line, about the type.
   EXPECT_EQ(hf_config_mismatches(hf_config(small(config::Arch::kGpt2), {}), m, "c.json").size(),
             1u);
+}
+
+// --init-from takes an auto model.qk_norm from config.json's model_type.
+TEST(HfFormat, QkNormFollowsTheModelType) {
+  for (const auto& f : flavours()) {
+    SCOPED_TRACE(f.name);
+    const auto j = hf_config(f.model, {});
+    const auto want = config::qk_norm_on(f.model) ? config::Switch::kOn : config::Switch::kOff;
+    EXPECT_EQ(hf_qk_norm(j).value_or(config::Switch::kAuto), want);
+  }
+  EXPECT_FALSE(hf_qk_norm(nlohmann::json{{"model_type", "mistral"}}).has_value());
+  EXPECT_FALSE(hf_qk_norm(nlohmann::json::array()).has_value());
 }
 
 TEST(HfFormat, CheckHfConfigThrowsConfigErrorNamingTheKey) {

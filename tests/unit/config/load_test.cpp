@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "scratch_dir.h"
@@ -478,6 +480,37 @@ TEST(ConfigLoad, AutoKeysReadAndWriteAuto) {
   EXPECT_EQ(resolved.schedule.warmup_steps, 100);  // max_steps 1000 / 10
   EXPECT_EQ(resolved.stability.recovery.steps, 50);
   EXPECT_EQ(resolved.checkpoint.stable.every_steps, kAuto);  // measured by the run
+}
+
+// model.qk_norm was a bool: true and false (yes, no) still read, as on and off. auto resolves by
+// arch (issue 47: on for llama, off for gpt2) and is written as the choice made.
+TEST(ConfigLoad, QkNormReadsTheOldBoolsAndResolvesAutoByArch) {
+  const std::vector<std::pair<std::string, Switch>> cases = {
+      {"true", Switch::kOn}, {"false", Switch::kOff}, {"yes", Switch::kOn},
+      {"on", Switch::kOn},   {"off", Switch::kOff},   {"auto", Switch::kAuto}};
+  for (const auto& [text, want] : cases) {
+    const LoadedConfig loaded = load("model:\n  qk_norm: " + text + "\n");
+    ASSERT_TRUE(loaded.diagnostics.empty()) << text << ": " << loaded.diagnostics[0].format();
+    EXPECT_EQ(loaded.config.model.qk_norm, want) << text;
+    EXPECT_EQ(load("", {"model.qk_norm=" + text}).config.model.qk_norm, want) << text;
+  }
+  const LoadedConfig quoted = load("model:\n  qk_norm: \"true\"\n");
+  ASSERT_EQ(quoted.diagnostics.size(), 1u);
+  EXPECT_TRUE(contains(quoted.diagnostics[0].message, "must be one of auto|on|off"))
+      << quoted.diagnostics[0].message;
+
+  Config llama, gpt2, off;
+  gpt2.model.arch = Arch::kGpt2;
+  off.model.qk_norm = Switch::kOff;
+  EXPECT_EQ(llama.model.qk_norm, Switch::kAuto);
+  EXPECT_TRUE(qk_norm_on(llama.model));
+  EXPECT_FALSE(qk_norm_on(gpt2.model));
+  EXPECT_EQ(resolve_auto(llama, std::nullopt).model.qk_norm, Switch::kOn);
+  EXPECT_EQ(resolve_auto(gpt2, std::nullopt).model.qk_norm, Switch::kOff);
+  EXPECT_EQ(resolve_auto(off, std::nullopt).model.qk_norm, Switch::kOff);
+  const std::string text = to_yaml(resolve_auto(gpt2, std::nullopt));
+  EXPECT_TRUE(contains(text, "  qk_norm: \"off\"\n")) << text;
+  EXPECT_EQ(load(text).config.model.qk_norm, Switch::kOff);
 }
 
 TEST(ConfigYaml, WritesEveryKeyInBlockStyleWithFlowLists) {

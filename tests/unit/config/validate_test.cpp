@@ -398,6 +398,7 @@ ModelConfig shape(const std::string& arch, int64_t vocab, int64_t d_model, int64
   m.d_ff = d_ff;
   m.tie_embeddings = tied;
   m.seq_len = seq_len;
+  m.qk_norm = Switch::kOff;  // the published Llama and GPT-2 models have no q/k norms
   return m;
 }
 

@@ -23,7 +23,7 @@ config::ModelConfig tiny_for_generation(const std::string& arch, int64_t kv_head
   c.n_layers = 2;
   c.n_heads = 4;
   c.n_kv_heads = kv_heads;
-  c.qk_norm = qk_norm;
+  c.qk_norm = qk_norm ? config::Switch::kOn : config::Switch::kOff;
   c.seq_len = 16;
   c.init_std = 0.2;  // weights far from uniform: logits that differ between positions
   return c;

@@ -50,7 +50,7 @@ config::ModelConfig config_from(const checkpoint::StringMap& m) {
   c.d_ff = std::stoll(meta(m, "d_ff"));
   c.dropout = std::stod(meta(m, "dropout"));
   c.tie_embeddings = meta(m, "tie_embeddings") == "true";
-  c.qk_norm = meta(m, "qk_norm") == "true";
+  c.qk_norm = meta(m, "qk_norm") == "true" ? config::Switch::kOn : config::Switch::kOff;
   c.z_loss = std::stod(meta(m, "z_loss"));
   return c;
 }

@@ -44,7 +44,7 @@ TEST_P(ArchTest, LogitShapes) {
 
 TEST_P(ArchTest, CausalNoLogitBeforeAChangedTokenMoves) {
   auto cfg = tiny(GetParam());
-  cfg.qk_norm = true;
+  cfg.qk_norm = config::Switch::kOn;
   Transformer m(cfg);
   m->eval();
   auto x = tokens(2, 12);
@@ -202,7 +202,7 @@ TEST_P(ArchTest, ConfigEstimatesMatchTheBuiltModel) {
       auto cfg = tiny(GetParam());
       cfg.tie_embeddings = tied;
       cfg.n_kv_heads = kv_heads;
-      cfg.qk_norm = kv_heads == 2;
+      cfg.qk_norm = kv_heads == 2 ? config::Switch::kOn : config::Switch::kOff;
       Transformer m(cfg);
       EXPECT_EQ(config::parameter_count(cfg), m->num_parameters()) << tied << kv_heads;
       EXPECT_DOUBLE_EQ(config::flops_per_token(cfg), m->flops_per_token()) << tied << kv_heads;
@@ -225,7 +225,7 @@ TEST(TransformerTest, GroupedQueryAttentionShapes) {
   auto cfg = tiny("llama");
   cfg.n_heads = 8;
   cfg.n_kv_heads = 2;  // head dim 4: q 8*4, k and v 2*4 each
-  cfg.qk_norm = true;
+  cfg.qk_norm = config::Switch::kOn;
   Transformer m(cfg);
   EXPECT_EQ(param(m, "layers.0.attn.qkv.weight").sizes(), (std::vector<int64_t>{32 + 8 + 8, 32}));
   EXPECT_EQ(param(m, "layers.0.attn.q_norm.weight").sizes(), (std::vector<int64_t>{4}));

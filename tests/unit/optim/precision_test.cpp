@@ -52,7 +52,7 @@ TEST(AutocastScopeTest, Bf16ForwardOnCpuIsFiniteAndCloseToFp32) {
   mc.n_heads = 4;
   mc.n_kv_heads = 2;
   mc.seq_len = 16;
-  mc.qk_norm = true;
+  mc.qk_norm = config::Switch::kOn;
   mc.z_loss = 1e-4;
   torch::manual_seed(0);
   model::Transformer m(mc);
