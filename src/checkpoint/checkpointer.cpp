@@ -29,21 +29,6 @@ namespace keel::checkpoint {
 namespace fs = std::filesystem;
 using namespace internal;
 
-std::string internal::utc_now_iso(std::chrono::system_clock::time_point now) {
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-void internal::remove_quietly(const fs::path& p) {
-  std::error_code ec;
-  remove_tree(p, ec);
-  if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
-}
-
 namespace {
 
 // step_<digits>, nothing else: temporary and deleted directories never parse as checkpoints.
@@ -184,13 +169,20 @@ std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch:
 // For which = latest|stable: tries the pointer's target, then every other step_* newest first
 // (for stable: only those marked stable), with `use`, and returns the first it accepts. `use`
 // returns a VerifyResult; its problem is logged when a candidate is passed over.
+// `at_most`: only checkpoints of that step or earlier (the pointer's target too), without a warning
+// about the newer ones passed over.
 template <class Use>
-std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, Pointer which, Use use) {
+std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, Pointer which, Use use,
+                                     std::optional<int64_t> at_most = std::nullopt) {
   const bool want_stable = which == Pointer::kStable;
   const fs::path pointer = checkpoints_dir / (want_stable ? "STABLE" : "LATEST");
+  const auto within = [&](int64_t step) { return !at_most || step <= *at_most; };
   std::string failure;
   fs::path named;
-  if (auto target = read_pointer(pointer)) {
+  const auto target = read_pointer(pointer);
+  // A target past `at_most` is passed over, not a failure.
+  const bool beyond = target && !within(parse_step_dir(*target).value_or(0));
+  if (target && !beyond) {
     named = checkpoints_dir / *target;
     std::error_code ec;
     if (!fs::is_directory(named, ec)) {
@@ -207,20 +199,22 @@ std::optional<fs::path> first_usable(const fs::path& checkpoints_dir, Pointer wh
       if (v.ok) return named;
       failure = v.problem;
     }
-  } else {
+  } else if (!beyond) {
     failure = pointer.string() + " is missing";
   }
 
   std::vector<Entry> candidates;
   for (auto& c : list_checkpoints(checkpoints_dir))
-    if (c.path != named && (!want_stable || (c.manifest_ok && c.stable))) candidates.push_back(c);
+    if (c.path != named && (!want_stable || (c.manifest_ok && c.stable)) && within(c.step))
+      candidates.push_back(c);
   if (candidates.empty() && named.empty()) return std::nullopt;  // a fresh directory: no news
   const char* kind = want_stable ? "stable " : "";
-  log::warn("ckpt", "{}; falling back to the newest {}checkpoint that verifies", failure, kind);
+  if (!failure.empty())
+    log::warn("ckpt", "{}; falling back to the newest {}checkpoint that verifies", failure, kind);
   for (const auto& c : candidates) {
     VerifyResult v = use(c.path);
     if (v.ok) {
-      log::warn("ckpt", "using {}", c.path.string());
+      if (!failure.empty()) log::warn("ckpt", "using {}", c.path.string());
       return c.path;
     }
     log::warn("ckpt", "skipping {}: {}", c.path.string(), v.problem);
@@ -491,16 +485,20 @@ CheckpointData Checkpointer::load(const fs::path& dir) {
 }
 
 std::optional<LoadedCheckpoint> load_newest_checkpoint(const fs::path& checkpoints_dir,
-                                                       Pointer which, int rank, int world_size) {
+                                                       Pointer which, int rank, int world_size,
+                                                       std::optional<int64_t> at_most) {
   std::optional<CheckpointData> data;
-  auto path = first_usable(checkpoints_dir, which, [&](const fs::path& dir) -> VerifyResult {
-    try {
-      data = load_checkpoint(dir, rank, world_size);  // verifies what it reads, once
-      return {true, ""};
-    } catch (const CheckpointError& e) {
-      return {false, e.what()};
-    }
-  });
+  auto path = first_usable(
+      checkpoints_dir, which,
+      [&](const fs::path& dir) -> VerifyResult {
+        try {
+          data = load_checkpoint(dir, rank, world_size);  // verifies what it reads, once
+          return {true, ""};
+        } catch (const CheckpointError& e) {
+          return {false, e.what()};
+        }
+      },
+      at_most);
   if (!path) return std::nullopt;
   return LoadedCheckpoint{*path, std::move(*data)};
 }
@@ -511,9 +509,10 @@ std::optional<fs::path> newest_written_checkpoint(const fs::path& checkpoints_di
   return std::nullopt;
 }
 
-std::optional<LoadedCheckpoint> Checkpointer::load_newest(Pointer which) {
+std::optional<LoadedCheckpoint> Checkpointer::load_newest(Pointer which,
+                                                          std::optional<int64_t> at_most) {
   wait();
-  return load_newest_checkpoint(dir_, which, rank_, world_size_);
+  return load_newest_checkpoint(dir_, which, rank_, world_size_, at_most);
 }
 
 std::optional<fs::path> Checkpointer::newest_written() {
@@ -563,7 +562,8 @@ void Checkpointer::apply_retention() {
   auto stable_ptr = read_pointer(dir_ / "STABLE");
   int64_t ordinary = 0, stable = 0;
   for (const auto& e : entries) {
-    bool keep = (latest && *latest == e.name) || (stable_ptr && *stable_ptr == e.name);
+    bool keep = (latest && *latest == e.name) || (stable_ptr && *stable_ptr == e.name) ||
+                (kept_ && *kept_ == e.step && e.stable);
     if (e.stable)
       keep |= cfg_.stable.keep <= 0 || stable++ < cfg_.stable.keep;
     else

@@ -166,11 +166,11 @@ struct LoadedCheckpoint {
 };
 
 // The first candidate resolve_checkpoint(checkpoints_dir, which) would consider that loads, read
-// (and so verified) once. nullopt when there is none. Reads only: a start checks what it would
-// resume from before it writes anything.
-std::optional<LoadedCheckpoint> load_newest_checkpoint(const std::filesystem::path& checkpoints_dir,
-                                                       Pointer which, int rank = 0,
-                                                       int world_size = 1);
+// (and so verified) once, of step `at_most` or earlier when given. nullopt when there is none.
+// Reads only: a start checks what it would resume from before it writes anything.
+std::optional<LoadedCheckpoint> load_newest_checkpoint(
+    const std::filesystem::path& checkpoints_dir, Pointer which, int rank = 0, int world_size = 1,
+    std::optional<int64_t> at_most = std::nullopt);
 // The most recently written checkpoint whose MANIFEST reads (not verified further), if any.
 std::optional<std::filesystem::path> newest_written_checkpoint(
     const std::filesystem::path& checkpoints_dir);
@@ -210,8 +210,18 @@ class Checkpointer {
   std::optional<std::filesystem::path> resolve(Pointer which);
   CheckpointData load(const std::filesystem::path& dir);
   // The first candidate resolve(which) would consider that loads, read (and so verified) once — a
-  // rollback does not hash the snapshot twice at its worst moment.
-  std::optional<LoadedCheckpoint> load_newest(Pointer which);
+  // rollback does not hash the snapshot twice at its worst moment. `at_most`: of that step or
+  // earlier (a back-off goes back to before the trouble began).
+  std::optional<LoadedCheckpoint> load_newest(Pointer which,
+                                              std::optional<int64_t> at_most = std::nullopt);
+
+  // A stable snapshot retention keeps besides its counts (the one a schedule back-off would
+  // restore, while it may come), or none. Takes effect at the next save or promotion.
+  void keep_also(std::optional<int64_t> step) {
+    if (step == kept_) return;
+    wait();  // the async writer applies retention
+    kept_ = step;
+  }
 
   // Moves every checkpoint newer than `step` (an abandoned timeline: the run went back to the
   // snapshot at `step`) into dir()/abandoned/<UTC time>-after-step_N/, so the new timeline's saves
@@ -243,7 +253,8 @@ class Checkpointer {
   std::string config_hash_;
   Barrier barrier_;
 
-  std::thread writer_;  // the in-flight async save, if joinable
+  std::optional<int64_t> kept_;  // keep_also()
+  std::thread writer_;           // the in-flight async save, if joinable
   std::exception_ptr writer_error_;
   double last_stall_s_ = 0.0;
   std::atomic<double> last_write_s_{0.0};  // set by whichever thread wrote

@@ -9,9 +9,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
+#include "checkpoint/layout.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace keel::checkpoint {
 
@@ -146,6 +149,21 @@ std::string read_file(const fs::path& path) {
   }
   ::close(fd);
   return out;
+}
+
+std::string internal::utc_now_iso(std::chrono::system_clock::time_point now) {
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void internal::remove_quietly(const fs::path& p) {
+  std::error_code ec;
+  remove_tree(p, ec);
+  if (ec) log::warn("ckpt", "could not remove {}: {}", p.string(), ec.message());
 }
 
 }  // namespace keel::checkpoint

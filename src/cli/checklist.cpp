@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "data/foreign_formats.h"
 #include "data/shard_reader.h"
+#include "guard/schedule_watch.h"
 #include "schedule/schedule.h"
 
 namespace keel::cli {
@@ -277,6 +278,16 @@ void check_schedule_and_recovery(const config::Config& cfg, int64_t parameters,
   else
     add("two-level alarm", Status::kOff, "stability.enabled is false: nothing watches the run");
 
+  if (st.enabled)
+    add("schedule back-off", Status::kOk,
+        fmt::format("the attention output past {:.0f}x its value at initialisation within the "
+                    "warmup (and as long again after it) rolls back to the attempt's start and "
+                    "lowers the peak lr by {:.3g}x, up to {} times, then exit 3; the guard's, not "
+                    "the command line's: it applies to a locked config too",
+                    guard::kGrowthAlarm, guard::kBackoffFactor, guard::kMaxBackoffs));
+  else
+    add("schedule back-off", Status::kOff,
+        "stability.enabled is false: nothing lowers a peak lr the model cannot take");
   add("checkpoint contents", cfg.checkpoint.every_steps == 0 ? Status::kWarn : Status::kOk,
       "model, optimizer state, schedule position, data position, RNG and guard state, written "
       "atomically with checksums; " +
@@ -310,13 +321,20 @@ std::vector<ChecklistItem> walk_checklist(const config::Config& cfg, int64_t par
   check_optimizer(cfg, out);
   check_data(cfg, out);
   check_schedule_and_recovery(cfg, parameters, out);
-  if (rehearsal)
+  if (rehearsal) {
     out.push_back(
         {"rollback rehearsed", rehearsal->passed ? Status::kOk : Status::kWarn, rehearsal->what});
-  else
+    out.push_back({"lr against the model", rehearsal->lr_quiet ? Status::kOk : Status::kWarn,
+                   rehearsal->lr_what});
+  } else {
     out.push_back({"rollback rehearsed", Status::kNotApplicable,
                    "not run here: `keel validate --rehearse` runs this config's model with a bad "
                    "batch and an lr spike and reports pause -> rollback -> recovery"});
+    out.push_back({"lr against the model", Status::kNotApplicable,
+                   "not measured here: `keel validate --rehearse` reports whether the attention "
+                   "output stays quiet through the warmup at the configured peak, and the peak at "
+                   "which it would not"});
+  }
   return out;
 }
 

@@ -134,8 +134,13 @@ int run_validate(const ValidateFlags& f) {
   const fs::path run_dir = train::resolve_run_dir(loaded.config, {});
   report << describe_resume(config::checkpoint_dir(loaded.config, run_dir.string()), run_dir);
   const std::string name = f.args.path.empty() ? kEmbeddedConfigName : f.args.path;
-  if (rehearsal && !rehearsal->passed) {
-    std::cerr << name << ": valid, but the rehearsal failed (rollback rehearsed, above)\n";
+  if (rehearsal && (!rehearsal->passed || !rehearsal->lr_quiet)) {
+    std::cerr << name << ": valid, but the rehearsal failed ("
+              << (!rehearsal->passed && !rehearsal->lr_quiet
+                      ? "rollback rehearsed, lr against the model"
+                  : !rehearsal->passed ? "rollback rehearsed"
+                                       : "lr against the model")
+              << ", above)\n";
     return 1;
   }
   report << name << ": valid\n";

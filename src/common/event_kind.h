@@ -28,9 +28,10 @@ enum class EventKind {
   kIncidentEnd,        // an incident closed: training clean again
   kAbort,              // the run stopped itself (exit 3)
   kHardwareFault,      // the ranks' reduced gradients disagree: a device computed wrong; skipped
+  kScheduleBackoff,    // the model could not take its lr: rolled back, the schedule's peak lowered
 };
 // The last kind: every kind is EventKind(0) .. kLastEventKind, for the tests that each is known.
-constexpr EventKind kLastEventKind = EventKind::kHardwareFault;
+constexpr EventKind kLastEventKind = EventKind::kScheduleBackoff;
 
 // The name events.jsonl carries ("run_start", "skip_nan", ...).
 constexpr const char* name_of(EventKind kind) {
@@ -79,6 +80,8 @@ constexpr const char* name_of(EventKind kind) {
       return "abort";
     case EventKind::kHardwareFault:
       return "hardware_fault";
+    case EventKind::kScheduleBackoff:
+      return "schedule_backoff";
   }
   return "?";
 }

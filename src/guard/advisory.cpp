@@ -251,8 +251,20 @@ void Guard::watch_loss_scale(const StepSignals& s, Decision& d) {
 
 std::vector<GuardEvent> Guard::observe_periodic(int64_t step,
                                                 const std::vector<double>& update_ratios,
-                                                const std::vector<double>& attention_std) {
+                                                const std::vector<double>& attention_std,
+                                                double lr) {
   std::vector<GuardEvent> events;
+  // An open incident or its recovery is the alarm path's (a transient spike the rollback undid
+  // is not the schedule's failure); the watch reads the model again once it has closed.
+  if (auto growth =
+          open_ || in_recovery(step) ? std::nullopt : schedule_.observe(step, lr, attention_std))
+    events.push_back(
+        {EventKind::kWarn, *growth,
+         fmt::format("the attention output of layer {} is {:.0f}x its value at "
+                     "initialisation at lr {:.3g} (warns at {:.0f}x; at {:.0f}x the "
+                     "guard backs the schedule off): the lr is high for this model",
+                     growth->at("layer").get<int64_t>(), growth->at("growth").get<double>(), lr,
+                     kGrowthWarn, kGrowthAlarm)});
   // While the lr ramps up, update ratios and activation statistics move by design: the trend
   // follows them, nothing warns.
   const bool may_warn =

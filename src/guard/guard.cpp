@@ -34,7 +34,7 @@ nlohmann::json GuardEvent::record() const {
 }
 
 Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-             int64_t warmup_steps, int64_t samples_per_step)
+             int64_t warmup_steps, int64_t samples_per_step, double peak_lr)
     : cfg_(cfg),
       layer_names_(std::move(layer_names)),
       grad_norms_(cfg.median_window),
@@ -49,7 +49,8 @@ Guard::Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_
       scale_drops_(cfg.median_window),
       scale_log2_(kScaleTrendWindows * cfg.median_window),
       low_tail_(cfg.median_window, kTailRateWindows),
-      repeat_tail_(cfg.median_window, 1) {
+      repeat_tail_(cfg.median_window, 1),
+      schedule_(warmup_steps, peak_lr) {
   if (cfg_.recovery.steps == config::kAuto || cfg_.rollback.stuck_steps == config::kAuto)
     throw std::invalid_argument(
         "guard::Guard: the stability config has auto keys left (config::resolve_auto first)");
@@ -556,7 +557,7 @@ void Guard::start_recovery(int64_t step) {
 }
 
 double Guard::lr_factor(int64_t step) const {
-  return step < recovery_until_ ? cfg_.recovery.lr_factor : 1.0;
+  return (step < recovery_until_ ? cfg_.recovery.lr_factor : 1.0) * schedule_.lr_factor(step);
 }
 
 bool Guard::promotable(int64_t step, int64_t window, bool require_no_alarms) const {

@@ -63,6 +63,7 @@
 #include "config/schema.h"
 #include "guard/repeats.h"
 #include "guard/running_stats.h"
+#include "guard/schedule_watch.h"
 
 namespace keel::guard {
 
@@ -187,8 +188,9 @@ class Guard {
   // screen (median_window steps' worth, within [screen.min_samples, kMaxScreenWindow]).
   // `cfg` is resolved (config::resolve_auto): recovery.steps and rollback.stuck_steps are numbers,
   // not auto; std::invalid_argument otherwise.
+  // `peak_lr`: optim.lr, the schedule's peak the back-off scales (schedule_watch.h).
   Guard(const config::StabilityConfig& cfg, std::vector<std::string> layer_names,
-        int64_t warmup_steps = 0, int64_t samples_per_step = 1);
+        int64_t warmup_steps = 0, int64_t samples_per_step = 1, double peak_lr = 0.0);
 
   // The per-sample loss above which the screen masks a sample in step `step`; nullopt while the
   // screen is off (disabled, or its baseline holds fewer than screen.min_samples samples).
@@ -213,12 +215,30 @@ class Guard {
   // batch over the newest stable snapshot's (NaN when unknown, which counts as worse). Above
   // kModelWorse the model is at fault; otherwise the data is.
   Decision resolve(Decision d, double model_ratio);
-  // Signals too costly for every step, read at log steps: per-layer update ratios |Δw|/|w| and
-  // attention-output std per layer, compared with a slow trend of its own (an EMA of its log)
-  // that follows the training trajectory; a drift warns only when it persists over
-  // kDriftPersistence log steps. Returns warn events.
+  // Signals too costly for every step, read at log steps (`lr`: the step's): per-layer update
+  // ratios |Δw|/|w| and attention-output std per layer, compared with a slow trend of its own (an
+  // EMA of its log) that follows the training trajectory; a drift warns only when it persists
+  // over kDriftPersistence log steps. The same std against its value at initialisation is the
+  // schedule watch's (schedule_watch.h): past its alarm level backoff_due() holds a back-off, or
+  // backoffs_spent() the stop. Returns warn events.
   std::vector<GuardEvent> observe_periodic(int64_t step, const std::vector<double>& update_ratios,
-                                           const std::vector<double>& attention_std);
+                                           const std::vector<double>& attention_std,
+                                           double lr = 0.0);
+  // The schedule watch's baseline: a fresh run measures the attention output before its first
+  // update (every rank the same values, averaged over the ranks).
+  bool needs_attention_baseline() const { return schedule_.needs_baseline(); }
+  void set_attention_baseline(const std::vector<double>& attention_std) {
+    schedule_.set_baseline(attention_std);
+  }
+  // A back-off the schedule watch decided on at the last log step, for the trainer to carry out
+  // (Recovery::back_off), or nullopt.
+  const std::optional<Backoff>& backoff_due() const { return schedule_.pending(); }
+  // The watch's alarm came with every back-off spent: the abort decision (exit 3).
+  std::optional<Decision> backoffs_spent() const;
+  // The trainer rolled back for the pending back-off so that `step` updates are done (the
+  // snapshot's state, as for rolled_back(): its baselines): the lowered peak applies from here.
+  void backed_off(int64_t step, const nlohmann::json& snapshot_state = nullptr);
+  const ScheduleWatch& schedule_watch() const { return schedule_; }
   // Call after every applied update: recovery_end when the recovery overlay just ended,
   // incident_end when the open incident closed.
   std::vector<GuardEvent> after_update(int64_t completed_steps);
@@ -232,7 +252,8 @@ class Guard {
   // Starts the recovery overlay for the recovery.steps updates after `step` without counting a
   // rollback (a resume that is a recovery).
   void start_recovery(int64_t step);
-  // Multiplier on the scheduled lr for the update with index `step` (recovery overlay).
+  // Multiplier on the scheduled lr for the update with index `step`: the recovery overlay times
+  // the schedule watch's lowered peak (and its ramp after a back-off).
   double lr_factor(int64_t step) const;
   bool in_recovery(int64_t step) const { return step < recovery_until_; }
   bool in_incident() const { return open_.has_value(); }
@@ -356,6 +377,7 @@ class Guard {
   std::deque<int64_t> incident_starts_;  // iterations at which incidents opened (rate budget)
   std::deque<int64_t> hardware_faults_;  // iterations of the recent replicas_disagree() steps
   StepSignals pending_;                  // the step a decision awaiting diagnosis is about
+  ScheduleWatch schedule_;
 };
 
 // The loss alarm also fires at a jump of kLossJumpRatio x the loss's recent level (the median of

@@ -53,6 +53,7 @@ nlohmann::json Guard::state() const {
           {"layer_norms", layers},
           {"sample_losses", sample_losses_.state()},
           {"attention_trend", attention_trend_},
+          {"schedule_watch", schedule_.state()},
           {"attention_drifting", attention_drifting_},
           {"attention_deviation", deviations},
           {"consecutive_nan", consecutive_nan_},
@@ -103,6 +104,8 @@ void Guard::load_baselines(const nlohmann::json& st) {
 
 void Guard::load_state(const nlohmann::json& st) {
   load_baselines(st);
+  // Absent in checkpoints of a keel before the watch: it never judges (no baseline of its own).
+  schedule_.load_state(st.value("schedule_watch", nlohmann::json()));
   attention_trend_.clear();
   for (const auto& v : st.value("attention_trend", nlohmann::json::array()))
     attention_trend_.push_back(v.is_number() ? v.get<double>()

@@ -57,7 +57,9 @@ std::string lr_plot(const PlotContext& c) {
       if (std::abs(p.x - e.step) < distance) distance = std::abs(p.x - e.step), best = p.y;
     return best;
   };
-  draw_event_marks(plot, c, {EventKind::kRecoveryStart, EventKind::kRecoveryEnd}, lr_at);
+  draw_event_marks(
+      plot, c, {EventKind::kRecoveryStart, EventKind::kRecoveryEnd, EventKind::kScheduleBackoff},
+      lr_at);
   std::vector<std::string> items = {svg::legend_line("#7048e8", 2, "") + "learning rate"};
   if (!windows.empty())
     items.push_back(svg::legend_swatch(kRecoveryColor, 0.3) + "recovery window");

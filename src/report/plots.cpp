@@ -47,6 +47,9 @@ const KindStyle kEventStyles[] = {
     {EventKind::kRollback,
      {Shape::kDiamond, "#7048e8",
       "rolled back to the newest stable snapshot (the arrow goes from the step to its target)"}},
+    {EventKind::kScheduleBackoff,
+     {Shape::kDiamond, "#f76707",
+      "the model could not take its lr: rolled back and the schedule's peak lowered (lr plot)"}},
     {EventKind::kRecoveryStart,
      {Shape::kTriangleRight, "#2f9e44",
       "recovery began: lr x recovery.lr_factor for recovery.steps"}},
@@ -164,10 +167,13 @@ std::string group_title(const EventGroup& g) {
   return out;
 }
 
-// x of an event: a rollback is drawn where it happened (from_step), not at the step it went to.
+// x of an event: a rollback (or a schedule back-off) is drawn where it happened (from_step), not
+// at the step it went to.
 double event_x(const Event& e) {
   const double step = static_cast<double>(e.step);
-  return e.kind == name_of(EventKind::kRollback) ? number_or(e.detail, "from_step", step) : step;
+  return e.kind == name_of(EventKind::kRollback) || e.kind == name_of(EventKind::kScheduleBackoff)
+             ? number_or(e.detail, "from_step", step)
+             : step;
 }
 
 std::vector<EventGroup> group_events(const std::vector<const Event*>& events, double x_lo,

@@ -135,6 +135,47 @@ void Recovery::rollback(const StepEvidence& step) {
             cfg.stability.recovery.lr_factor, recovery);
 }
 
+void Recovery::back_off(const guard::Backoff& b) {
+  TrainCounters& counters = *p_.counters;
+  auto target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable, b.restart_step);
+  const bool before_trouble = target.has_value();
+  if (!target) target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable);
+  if (!target)
+    throw RunStopped(fmt::format(
+        "the attention output grew past {:.0f}x its value at initialisation at step {} (lr "
+        "{:.3g}): the schedule must back off, but no stable snapshot exists to restart from{}. "
+        "HINT: set optim.lr to {:.3g} or lower",
+        guard::kGrowthAlarm, counters.step, p_.cfg->optim.lr * b.from_scale,
+        p_.cfg->stability.rollback.enabled ? "" : " (stability.rollback.enabled is false)",
+        p_.cfg->optim.lr * b.to_scale));
+  const int64_t from_step = counters.step;
+  const int64_t iteration = counters.iteration;
+  p_.restore(target->data, /*restore_data=*/true);
+  counters.catch_up_iteration(iteration);  // attempts only move forward
+  p_.checkpointer->abandon_after(counters.step);
+  p_.files->replay_from(counters.step + 1);
+  const auto& saved = target->data.trainer_state;
+  p_.guard->backed_off(counters.step, saved.contains("guard") ? saved.at("guard") : nullptr);
+  const double peak = p_.cfg->optim.lr;
+  p_.event(EventKind::kScheduleBackoff, {{"from_step", from_step},
+                                         {"to_step", counters.step},
+                                         {"checkpoint", target->path.string()},
+                                         {"before_trouble", before_trouble},
+                                         {"from_lr", peak * b.from_scale},
+                                         {"to_lr", peak * b.to_scale},
+                                         {"factor", b.to_scale / b.from_scale},
+                                         {"backoff", b.number},
+                                         {"max_backoffs", guard::kMaxBackoffs},
+                                         {"data", "replay"},
+                                         {"signals", b.signals}});
+  log::warn("guard",
+            "the model cannot take its lr: attention output {:.0f}x its value at initialisation "
+            "at step {}; rolled back to stable step {} and lowered the schedule's peak from {:.3g} "
+            "to {:.3g} (back-off {} of at most {}), warming up again; the data since is replayed",
+            b.signals.value("growth", 0.0), from_step, counters.step, peak * b.from_scale,
+            peak * b.to_scale, b.number, guard::kMaxBackoffs);
+}
+
 void Recovery::begin_resume(const fs::path& snapshot, const std::string& reason,
                             const std::optional<Heartbeat>& crash, ResumeData data) {
   const config::Config& cfg = *p_.cfg;

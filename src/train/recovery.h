@@ -78,6 +78,12 @@ class Recovery {
   // Within an incident whose rollbacks are spent, or when the data set the alarm off: the update
   // was never applied; the step's kept samples go on record (the masked ones are already).
   void drop_step(const StepEvidence& step);
+  // The schedule watch's back-off (guard/schedule_watch.h): the newest stable snapshot taken no
+  // later than the last quiet reading restored (the newest one when none is that old) with its
+  // data position: the model could not take its lr, the data was not at fault and is replayed;
+  // the newer checkpoints abandoned, the record replayed from the snapshot's step, the lowered
+  // peak in force. RunStopped when there is no stable snapshot.
+  void back_off(const guard::Backoff& b);
   // A resume that is a recovery (from `snapshot`, just restored): the newest timeline after it
   // (its newest checkpoint, or `crash` if that got further) abandoned, its data set aside or
   // replayed as `data` says, and the recovery overlay started.

@@ -227,7 +227,8 @@ void Trainer::State::build() {
   feed.tokens_per_step = feed.samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)
     guard = std::make_unique<guard::Guard>(cfg.stability, compute.layers->names(),
-                                           cfg.schedule.warmup_steps, feed.samples_per_step);
+                                           cfg.schedule.warmup_steps, feed.samples_per_step,
+                                           cfg.optim.lr);
   defence.grad_norm_window =
       std::make_unique<monitor::DeviceWindow>(cfg.stability.median_window, device);
 

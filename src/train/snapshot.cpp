@@ -83,7 +83,9 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
   // The count goes back with the model: a rollback resumes the snapshot's accumulation.
   if (feed.accumulation.dynamic() && ts.contains("grad_accum"))
     feed.accumulation.load_state(ts.at("grad_accum"));
-  if (restore_guard) {  // a rollback keeps what it has seen: the data moved on, not back
+  // A rollback that skips keeps what it has seen (the data moved on, not back); one that replays
+  // goes back with the data, or its replayed samples would read as repeats.
+  if (restore_guard || restore_data) {
     const auto it = data.extra_tensors.find("repeat_watch");
     const torch::Tensor flat = it == data.extra_tensors.end()
                                    ? torch::empty({0}, torch::kInt64)
@@ -164,6 +166,8 @@ void Trainer::State::record_resume() {
                                                 : resume_reason(source.mode),
                                    source.crash, launch.options.resume_data);
   launch.resume_source.reset();  // its tensors are in the model and optimizer now
+  // Retention keeps the snapshot a schedule back-off would restore from the first save on.
+  if (guard) saves.checkpointer->keep_also(guard->schedule_watch().restart_snapshot(counters.step));
 }
 
 RecoveryParts Trainer::State::recovery_parts() {

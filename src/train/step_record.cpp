@@ -102,6 +102,7 @@ void StepRecord::write(const StepFigures& f) {
     for (const auto& [name, std] : f.attention_output_std) per_layer[name] = std;
     rec.add("attn_out_std", per_layer);
   }
+  if (f.attention_growth) rec.add("attn_growth", *f.attention_growth);
   files_->write_metrics(f.step, rec);
 
   monitor::ProgressSample ps;
@@ -152,10 +153,10 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   const std::vector<double> layer_ratios(update_ratios.begin() + 1, update_ratios.end());
   data::LoaderStats loader = feed.train_data->take_stats();
   std::vector<guard::GuardEvent> periodic;
-  const std::vector<double> attention = model->attention_output_std();
+  const std::vector<double> attention = attention_std_agreed();
   if (guard) {
     const auto start = Clock::now();
-    periodic = guard->observe_periodic(counters.step, layer_ratios, attention);
+    periodic = guard->observe_periodic(counters.step, layer_ratios, attention, lr);
     StepTally periodic_time;
     periodic_time.guard_s = seconds_since(start);
     record.step_record->add(periodic_time);
@@ -187,6 +188,7 @@ void Trainer::State::record_step(const StepResult& r, double lr,
     f.screen_threshold = r.screen_threshold;
     f.data_statistics = data_statistics(window.kept_losses, window.doc_lengths, window.buckets);
     f.in_recovery = guard->in_recovery(counters.step);
+    f.attention_growth = guard->schedule_watch().growth(attention);
   }
   const auto prefixes = model->layer_prefixes();
   for (size_t i = 0; i < attention.size() && i < prefixes.size(); ++i)
@@ -194,6 +196,15 @@ void Trainer::State::record_step(const StepResult& r, double lr,
                                         attention[i]);
   record.step_record->write(f);
   for (const auto& e : periodic) event(e);
+}
+
+std::vector<double> Trainer::State::attention_std_agreed() {
+  std::vector<double> stds = model->attention_output_std();
+  if (stds.empty() || !comm.is_process_group()) return stds;
+  std::vector<torch::Tensor> t{torch::tensor(stds, torch::kFloat64).to(device)};
+  comm.all_reduce_mean_(t);
+  const auto host = t[0].to(torch::kCPU).contiguous();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
 // The applied step's kept samples, for the logging window's data statistics.

@@ -72,6 +72,9 @@ struct StepFigures {
   bool in_recovery = false;
   // The std of each layer's attention output in this step's forward pass ("layers.0", ...).
   std::vector<std::pair<std::string, double>> attention_output_std;
+  // The largest layer's attention-output std over its value at initialisation (the schedule
+  // watch's reading), where the guard holds that baseline.
+  std::optional<double> attention_growth;
 };
 
 // The seed's data statistics over a logging window's applied steps: the kept samples' loss

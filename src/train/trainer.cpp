@@ -100,10 +100,14 @@ void Trainer::State::train_step() {
       feed.accumulation.lr_factor();
   const bool log_step = is_log_step();
   // A captured forward pass records them at every step: it was captured once, for all steps.
-  model->set_record_activation_stats(log_step || compute.micro_graph != nullptr);
+  // The schedule watch's baseline is the attention output before the first update.
+  // (A resume of a checkpoint without it, from a run with the guard off, never judges.)
+  const bool baseline = guard && guard->needs_attention_baseline() && counters.step == 0;
+  model->set_record_activation_stats(log_step || baseline || compute.micro_graph != nullptr);
   const Screen::Bounds screen = defence.screen.bounds(counters.step);
 
   MicroBatches micro = forward_backward(/*keep_samples=*/guard != nullptr, screen.high, screen.low);
+  if (baseline) guard->set_attention_baseline(attention_std_agreed());
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
   launch.faults->after_backward(counters.iteration, parallel->gradients_after_backward());
   std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
@@ -161,6 +165,22 @@ void Trainer::State::guarded_update(const StepResult& result, double lr, bool lo
     check_consumed();
   }
   if (feed.accumulation.dynamic()) adjust_accumulation(verdict);
+  if (log_step) act_on_schedule();
+}
+
+// The schedule watch read the log step: a back-off is carried out now (the step is on record), or
+// the run stops when every back-off is spent.
+void Trainer::State::act_on_schedule() {
+  if (auto spent = guard->backoffs_spent()) stop(*spent);
+  saves.checkpointer->keep_also(guard->schedule_watch().restart_snapshot(counters.step));
+  // A copy: carrying it out clears the guard's.
+  const std::optional<guard::Backoff> backoff = guard->backoff_due();
+  if (!backoff) return;
+  defence.recovery->back_off(*backoff);
+  // The restored snapshot again, now holding the lowered schedule (step_N is swapped atomically):
+  // a resume before the next save keeps the back-off instead of starting over at the old peak.
+  save_checkpoint(/*stable=*/true);
+  saves.checkpointer->keep_also(guard->schedule_watch().restart_snapshot(counters.step));
 }
 
 // Without the guard every step is applied (a non-finite gradient is still refused on the device).

@@ -110,6 +110,10 @@ struct Trainer::State {
   // |dw|/|w| (empty otherwise).
   std::vector<double> finish_update(const StepResult& r, double lr, bool log_step,
                                     const QueuedUpdate& u, bool refused_on_device);
+  // The attention-output std per layer of the last forward pass, averaged over the ranks (so
+  // every rank's guard judges the same values).
+  std::vector<double> attention_std_agreed();
+  void act_on_schedule();
   // `v`: the guard's verdict (null when the guard is off).
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios,
                    const Verdict* v);

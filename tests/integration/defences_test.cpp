@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "harness.h"
@@ -249,6 +250,14 @@ TEST(DefencesIntegration, ValidateRehearseRollsBackAndRecovers) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[ok  ] rollback rehearsed: 90 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rollback(s) to a stable snapshot"), std::string::npos) << r.output;
+  // The schedule at the configured peak: quiet, and the probes name the peak that would not be.
+  EXPECT_NE(r.output.find("[ok  ] lr against the model: at the configured peak 0.003 the "
+                          "attention output grew at most"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("it would not stay quiet at [0-9.e-]+ \\([0-9.]+x the peak")))
+      << r.output;
   EXPECT_LT(seconds, 60);
   auto off = run_keel("validate --no-probe --rehearse --set stability.enabled=false");
   EXPECT_EQ(off.exit_code, 1) << off.output;

@@ -210,6 +210,43 @@ TEST(DistIntegration, ReplicasThatDisagreeSkipTheStepTogether) {
   EXPECT_NE(r.output.find("a faulty device"), std::string::npos) << r.output;
 }
 
+// A peak the model cannot take, under two ranks: both read the same (rank-mean) attention growth,
+// roll back to the same snapshot and lower the peak together (issue 47); an lr spike past the
+// judged window then rolls both back from an incident, on the lowered schedule.
+TEST(DistIntegration, BothRanksBackOffAndRollBackTogether) {
+  ScratchDir d("dist_backoff");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 140) +
+                    " --set optim.lr=0.09 --set checkpoint.every_steps=10"
+                    " --set stability.median_window=20 --set stability.recovery.steps=10"
+                    " --set 'faults=[{kind: lr_spike, factor: 100, at_step: 125, steps: 1}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int backoffs = 0, rollbacks = 0;
+  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
+    backoffs += e["kind"] == "schedule_backoff";
+    rollbacks += e["kind"] == "rollback";
+  }
+  EXPECT_GE(backoffs, 1) << r.output;
+  EXPECT_GE(rollbacks, 1) << r.output;
+  for (const char* rank : {"[rank 0]", "[rank 1]"}) {
+    bool lowered = false, rolled_back = false;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(rank, 0) != 0) continue;
+      lowered |= line.find("lowered the schedule's peak") != std::string::npos;
+      rolled_back |= line.find("rolled back") != std::string::npos &&
+                     line.find("lowered the schedule's peak") == std::string::npos;
+    }
+    EXPECT_TRUE(lowered) << rank << " did not back off:\n" << r.output;
+    EXPECT_TRUE(rolled_back) << rank << " did not roll back:\n" << r.output;
+  }
+  const auto metrics = read_jsonl(d.path() / "metrics.jsonl");
+  EXPECT_EQ(metrics.back()["step"], 140);
+  // The cosine's floor (0.1 x peak) of the lowered peak.
+  EXPECT_NEAR(metrics.back()["lr"].get<double>(), 0.09 * 0.1 * std::pow(0.1, backoffs / 2.0),
+              1e-2 * 0.009 * std::pow(0.1, backoffs / 2.0))
+      << "the lowered schedule";
+}
+
 TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogetherUnderZeroOne) {
   expect_guard_decisions_together("dist_guard_zero", " --set distributed.zero=1");
 }

@@ -196,6 +196,29 @@ TEST(RenderHtml, HasThePlotsTheMarkersAndTheIncidentWithEscapedSamples) {
   EXPECT_NE(html.find("lr_spike"), std::string::npos);
 }
 
+// A schedule back-off (issue 47): the lr plot marks it where it happened, with its from and to
+// peaks in the tooltip, and the events lane has its own row.
+TEST(RenderHtml, TheLrPlotMarksAScheduleBackoff) {
+  const ScratchDir dir("report_backoff");
+  std::string metrics;
+  for (int s = 1; s <= 6; ++s)
+    metrics += "{\"step\":" + std::to_string(s) + ",\"loss\":5.0,\"lr\":0.09}\n";
+  for (int s = 1; s <= 12; ++s)
+    metrics += "{\"step\":" + std::to_string(s) + ",\"loss\":4.0,\"lr\":0.0285}\n";
+  write(dir.path() / "metrics.jsonl", metrics);
+  write(dir.path() / "events.jsonl",
+        "{\"step\":0,\"kind\":\"schedule_backoff\",\"iteration\":6,\"detail\":{\"backoff\":1,"
+        "\"from_lr\":0.09,\"from_step\":6,\"to_lr\":0.0285,\"to_step\":0}}\n");
+  const std::string html = render_html(load_run(dir.str()));
+  const size_t lr_plot = html.find("<svg id=\"plot-lr\"");
+  ASSERT_NE(lr_plot, std::string::npos);
+  const std::string lr_svg = html.substr(lr_plot, html.find("</svg>", lr_plot) - lr_plot);
+  EXPECT_NE(lr_svg.find("<title>schedule_backoff at step 0 (iteration 6)"), std::string::npos)
+      << lr_svg;
+  EXPECT_NE(lr_svg.find("to_lr: 0.0285"), std::string::npos) << lr_svg;
+  EXPECT_NE(html.find(">schedule_backoff<"), std::string::npos);
+}
+
 TEST(LoadRun, MalformedLinesAreSkippedAndCounted) {
   const ScratchDir dir("report_malformed");
   write(
