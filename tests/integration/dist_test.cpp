@@ -54,6 +54,23 @@ void expect_same_losses(const std::map<int64_t, double>& a, const std::map<int64
   }
 }
 
+// Whether a line of `rank`'s ("[rank R] ...") in a launch's output holds `text` and not `unless`.
+bool rank_logged(const std::string& output, const std::string& rank, const std::string& text,
+                 const std::string& unless = "") {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(rank, 0) == 0 && line.find(text) != std::string::npos &&
+        (unless.empty() || line.find(unless) == std::string::npos))
+      return true;
+  return false;
+}
+
+int events_of_kind(const ScratchDir& d, const std::string& kind) {
+  int n = 0;
+  for (auto& e : read_jsonl(d.path() / "events.jsonl")) n += e["kind"] == kind;
+  return n;
+}
+
 // Two ranks each take half of every global micro-batch (the same samples one rank of 2B takes),
 // the gradients are averaged over the ranks and every guard decision is taken on all of them.
 TEST(DistIntegration, TwoRanksOfBTrainAsOneRankOf2B) {
@@ -142,20 +159,11 @@ void expect_guard_decisions_together(const std::string& name, const std::string&
                     " --set 'faults=[{kind: corrupt_batch, mode: random_tokens, at_step: 24,"
                     " steps: 1, rank: 1}, {kind: lr_spike, factor: 100, at_step: 44, steps: 1}]'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  int pauses = 0, rollbacks = 0;
-  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
-    pauses += e["kind"] == "pause";
-    rollbacks += e["kind"] == "rollback";
-  }
-  EXPECT_GE(pauses, 2) << r.output;
-  EXPECT_GE(rollbacks, 1) << r.output;
-  for (const char* rank : {"[rank 0]", "[rank 1]"}) {
-    bool rolled_back = false;
-    std::istringstream lines(r.output);
-    for (std::string line; std::getline(lines, line);)
-      rolled_back |= line.rfind(rank, 0) == 0 && line.find("rolled back") != std::string::npos;
-    EXPECT_TRUE(rolled_back) << rank << " did not roll back:\n" << r.output;
-  }
+  EXPECT_GE(events_of_kind(d, "pause"), 2) << r.output;
+  EXPECT_GE(events_of_kind(d, "rollback"), 1) << r.output;
+  for (const char* rank : {"[rank 0]", "[rank 1]"})
+    EXPECT_TRUE(rank_logged(r.output, rank, "rolled back")) << rank << " did not roll back:\n"
+                                                            << r.output;
   // Synthetic ids are position x 16 + b: rank 0 holds b in [0, 8), rank 1 b in [8, 16).
   bool rank0 = false, rank1 = false;
   for (auto& q : read_jsonl(d.path() / "quarantine.jsonl")) {
@@ -220,24 +228,16 @@ TEST(DistIntegration, BothRanksBackOffAndRollBackTogether) {
                     " --set stability.median_window=20 --set stability.recovery.steps=10"
                     " --set 'faults=[{kind: lr_spike, factor: 100, at_step: 125, steps: 1}]'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  int backoffs = 0, rollbacks = 0;
-  for (auto& e : read_jsonl(d.path() / "events.jsonl")) {
-    backoffs += e["kind"] == "schedule_backoff";
-    rollbacks += e["kind"] == "rollback";
-  }
+  const int backoffs = events_of_kind(d, "schedule_backoff");
   EXPECT_GE(backoffs, 1) << r.output;
-  EXPECT_GE(rollbacks, 1) << r.output;
+  EXPECT_GE(events_of_kind(d, "rollback"), 1) << r.output;
   for (const char* rank : {"[rank 0]", "[rank 1]"}) {
-    bool lowered = false, rolled_back = false;
-    std::istringstream lines(r.output);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind(rank, 0) != 0) continue;
-      lowered |= line.find("lowered the schedule's peak") != std::string::npos;
-      rolled_back |= line.find("rolled back") != std::string::npos &&
-                     line.find("lowered the schedule's peak") == std::string::npos;
-    }
-    EXPECT_TRUE(lowered) << rank << " did not back off:\n" << r.output;
-    EXPECT_TRUE(rolled_back) << rank << " did not roll back:\n" << r.output;
+    EXPECT_TRUE(rank_logged(r.output, rank, "lowered the schedule's peak"))
+        << rank << " did not back off:\n"
+        << r.output;
+    EXPECT_TRUE(rank_logged(r.output, rank, "rolled back", "lowered the schedule's peak"))
+        << rank << " did not roll back:\n"
+        << r.output;
   }
   const auto metrics = read_jsonl(d.path() / "metrics.jsonl");
   EXPECT_EQ(metrics.back()["step"], 140);
