@@ -30,13 +30,24 @@ std::string strip_compression(const std::string& path) {
   return path;
 }
 
+// Whether the file starts with zstd's frame magic (28 B5 2F FD): the bytes decide, not the name
+// (a .gz name over zstd bytes was read as plain text).
+bool starts_as_zstd(const std::string& path) {
+  unsigned char head[4] = {0, 0, 0, 0};
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;  // the open below says why
+  const size_t got = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  return got == 4 && head[0] == 0x28 && head[1] == 0xB5 && head[2] == 0x2F && head[3] == 0xFD;
+}
+
 }  // namespace
 
-// A byte stream over a plain, gzip or zstd file.
+// A byte stream over a plain, gzip or zstd file, told apart by their first bytes.
 class DocumentReader::Stream {
  public:
   explicit Stream(const std::string& path) : path_(path) {
-    if (ends_with(path, ".zst") || ends_with(path, ".zstd")) {
+    if (starts_as_zstd(path)) {
       file_ = std::fopen(path.c_str(), "rb");
       if (!file_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
       zstd_ = ZSTD_createDStream();
@@ -44,7 +55,7 @@ class DocumentReader::Stream {
       in_buf_.resize(ZSTD_DStreamInSize());
     } else {
       // gzopen reads uncompressed files transparently too.
-      gz_ = gzopen(path.c_str(), "rb");
+      gz_ = gzopen(path.c_str(), "rb");  // gzip by its magic, plain text otherwise
       if (!gz_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
       gzbuffer(gz_, 1 << 17);
     }
@@ -58,10 +69,14 @@ class DocumentReader::Stream {
   size_t read(char* out, size_t n) {
     if (gz_) {
       int got = gzread(gz_, out, static_cast<unsigned>(n));
-      if (got < 0) {
-        int err;
-        throw DataError(path_ + ": corrupt or truncated gzip input (" + gzerror(gz_, &err) + ")");
-      }
+      int err = Z_OK;
+      const char* what = got <= 0 ? gzerror(gz_, &err) : nullptr;
+      if (got < 0)  // a bad CRC or length is Z_DATA_ERROR here
+        throw DataError(path_ + ": corrupt gzip input (" + what + ")");
+      // zlib ends a stream cut short like a whole one, but for Z_BUF_ERROR on record.
+      if (got == 0 && err == Z_BUF_ERROR)
+        throw DataError(path_ + ": truncated gzip input (" + what +
+                        "): the file ends inside a compressed stream");
       return static_cast<size_t>(got);
     }
     ZSTD_outBuffer ob{out, n, 0};

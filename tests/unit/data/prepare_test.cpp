@@ -204,6 +204,43 @@ TEST(Prepare, ReadsJsonlGzipZstdAndSeparatedText) {
   EXPECT_THROW(prepare(o), DataError);
 }
 
+// Issue 49: a gzip file cut short is refused naming it (zlib ends it like a whole one, but for the
+// error on record), and the compression is told by the bytes, not the name.
+TEST(Prepare, ATruncatedGzipIsRefusedAndCompressionIsToldByItsBytes) {
+  ScratchDir dir("prepare_compression");
+  std::filesystem::create_directories(dir / "in");
+  auto docs = testing::distinct_docs(10, 10);
+  std::string jsonl;
+  for (const auto& d : docs) jsonl += nlohmann::json{{"text", d}}.dump() + "\n";
+  // zstd bytes under a .gz name: read as zstd, all 10 documents.
+  std::string z(ZSTD_compressBound(jsonl.size()), '\0');
+  z.resize(ZSTD_compress(z.data(), z.size(), jsonl.data(), jsonl.size(), 3));
+  testing::write_text(dir / "in/zstd_bytes.jsonl.gz", z);
+  PrepareOptions o;
+  o.inputs = {dir / "in/zstd_bytes.jsonl.gz"};
+  o.output = dir / "out";
+  auto r = prepare(o);
+  EXPECT_EQ(r["documents_in"], 10);
+  EXPECT_EQ(r["invalid_records"], 0);
+  // A whole gzip file, then the same cut in its middle.
+  const std::string gz_path = dir / "in/cut.jsonl.gz";
+  gzFile gz = gzopen(gz_path.c_str(), "wb");
+  gzwrite(gz, jsonl.data(), static_cast<unsigned>(jsonl.size()));
+  gzclose(gz);
+  std::ifstream whole(gz_path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(whole)), {});
+  testing::write_text(gz_path, bytes.substr(0, bytes.size() / 2));
+  o.inputs = {gz_path};
+  o.overwrite = true;
+  try {
+    prepare(o);
+    FAIL() << "truncated gzip accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.jsonl.gz: truncated gzip input"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   ScratchDir dir("prepare_spm");
   auto docs = testing::distinct_docs(150, 12);
