@@ -75,8 +75,9 @@ class DocumentReader::Stream {
         throw DataError(path_ + ": corrupt gzip input (" + what + ")");
       // zlib ends a stream cut short like a whole one, but for Z_BUF_ERROR on record.
       if (got == 0 && err == Z_BUF_ERROR)
-        throw DataError(path_ + ": truncated gzip input (" + what +
-                        "): the file ends inside a compressed stream");
+        throw DataError(path_ +
+                        ": truncated gzip input: the file ends inside a compressed stream\nHINT: "
+                        "a download or copy cut short? fetch it again (`gzip -t FILE` checks one)");
       return static_cast<size_t>(got);
     }
     ZSTD_outBuffer ob{out, n, 0};
