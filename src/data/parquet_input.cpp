@@ -9,6 +9,7 @@
 #include <arrow/api.h>
 #include <arrow/io/file.h>
 #include <parquet/arrow/reader.h>
+#include <parquet/arrow/schema.h>
 
 #include <optional>
 #endif
@@ -105,10 +106,14 @@ ParquetRows::ParquetRows(const std::string& path, const std::string& text_field,
                    "'; HINT: --text-field names the column of the "
                    "text; the file has " +
                    names);
-  m.columns = {text};
+  // ReadRowGroup takes leaf-column indices, not the schema's field indices: they differ past a
+  // nested column (a struct before the text column made keel read another column as the text).
+  const auto& fields = m.reader->manifest().schema_fields;
+  const auto leaf = [&](int field) { return fields.at(static_cast<size_t>(field)).column_index; };
+  m.columns = {leaf(text)};
   const int id = schema->GetFieldIndex(id_field);
-  if (id >= 0 && id != text) {
-    m.columns.push_back(id);
+  if (id >= 0 && id != text && leaf(id) >= 0) {  // a nested id column is not read
+    m.columns.push_back(leaf(id));
     m.has_id = true;
   }
 }

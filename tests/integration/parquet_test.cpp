@@ -60,6 +60,39 @@ TEST(ParquetInput, PreparesAsTheSameRowsInJsonlAndNamesTheRow) {
   }
 }
 
+// Issue 49: a nested column before the text column (a struct of metadata, as crawls carry) moves
+// the leaf-column indices past the schema's field indices; the text column is still the one read
+// (keel read the url column as the text), and the shards equal the same rows as JSONL.
+TEST(ParquetInput, ANestedColumnBeforeTheTextDoesNotMoveWhatIsRead) {
+  const std::string python = setup_env_program("python");
+  ASSERT_FALSE(python.empty()) << "no python in the environment scripts/setup.sh makes";
+  ScratchDir dir("parquet_nested");
+  std::string rows;
+  for (int i = 0; i < 40; ++i)
+    rows += nlohmann::ordered_json{{"meta", {{"lang", "en"}, {"score", i}}},
+                                   {"url", "https://example.org/page/" + std::to_string(i)},
+                                   {"text", "document " + std::to_string(i) +
+                                                " says something of its own about topic " +
+                                                std::to_string(i * 7)},
+                                   {"id", "r" + std::to_string(i)}}
+                .dump() +
+            "\n";
+  write_file(dir.path() / "rows.jsonl", rows);
+  auto r = run_shell(python + " " + source_path("tests/tools/jsonl_to_parquet.py") + " " +
+                     (dir / "rows.jsonl") + " " + (dir / "rows.parquet"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* input : {"rows.jsonl", "rows.parquet"}) {
+    r = run_keel("prepare --input " + (dir / input) + " --output " +
+                 (dir / (std::string(input) + ".out")) + " --seq-len 16 --no-near-dedup");
+    ASSERT_EQ(r.exit_code, 0) << input << "\n" << r.output;
+  }
+  const auto meta = [&](const char* input) {
+    return nlohmann::json::parse(read_all(dir.path() / (std::string(input) + ".out/meta.json")));
+  };
+  EXPECT_EQ(meta("rows.parquet")["counts"], meta("rows.jsonl")["counts"]);
+  EXPECT_EQ(meta("rows.parquet")["splits"], meta("rows.jsonl")["splits"]);
+}
+
 // A parquet file without the text column is refused (exit 2) with the columns it has.
 TEST(ParquetInput, AMissingTextColumnNamesTheColumnsThere) {
   const std::string python = setup_env_program("python");
