@@ -18,13 +18,20 @@ void ScheduleWatch::set_baseline(const std::vector<double>& attention_std) {
     if (!std::isfinite(b)) b = 0.0;
 }
 
+ScheduleWatch::Reading ScheduleWatch::read(const std::vector<double>& attention_std) const {
+  Reading r;
+  for (size_t i = 0; i < attention_std.size() && i < baseline_.size(); ++i) {
+    const double g = baseline_[i] > 0 ? attention_std[i] / baseline_[i] : 0.0;
+    // A non-finite reading is the loss's and the gradients' business (skip_nan), not growth.
+    r.per_layer.push_back(std::isfinite(g) ? nlohmann::json(g) : nlohmann::json(nullptr));
+    if (std::isfinite(g) && g > r.growth) r.growth = g, r.layer = static_cast<int64_t>(i);
+  }
+  return r;
+}
+
 std::optional<double> ScheduleWatch::growth(const std::vector<double>& attention_std) const {
   if (disabled_ || baseline_.empty() || attention_std.empty()) return std::nullopt;
-  double growth = 0.0;
-  for (size_t i = 0; i < attention_std.size() && i < baseline_.size(); ++i)
-    if (baseline_[i] > 0 && std::isfinite(attention_std[i]))
-      growth = std::max(growth, attention_std[i] / baseline_[i]);
-  return growth;
+  return read(attention_std).growth;
 }
 
 int64_t ScheduleWatch::judged_until() const {
@@ -37,15 +44,7 @@ std::optional<nlohmann::json> ScheduleWatch::observe(int64_t step, double lr,
                                                      const std::vector<double>& attention_std) {
   if (disabled_ || baseline_.empty() || pending_ || spent_ || step > judged_until())
     return std::nullopt;
-  double growth = 0.0;
-  int64_t layer = -1;
-  nlohmann::json per_layer = nlohmann::json::array();
-  for (size_t i = 0; i < attention_std.size() && i < baseline_.size(); ++i) {
-    const double g = baseline_[i] > 0 ? attention_std[i] / baseline_[i] : 0.0;
-    // A non-finite reading is the loss's and the gradients' business (skip_nan), not growth.
-    per_layer.push_back(std::isfinite(g) ? nlohmann::json(g) : nlohmann::json(nullptr));
-    if (std::isfinite(g) && g > growth) growth = g, layer = static_cast<int64_t>(i);
-  }
+  const auto [per_layer, growth, layer] = read(attention_std);
   if (growth < kGrowthWarn) {
     quiet_step_ = step, quiet_lr_ = lr;
     return std::nullopt;

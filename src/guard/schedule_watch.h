@@ -81,10 +81,17 @@ class ScheduleWatch {
   nlohmann::json state() const;
   // A checkpoint of a keel before the watch (no "schedule_watch"): it never judges (no baseline).
   void load_state(const nlohmann::json& st);
-  void disable() { disabled_ = true; }
 
  private:
   int64_t judged_until() const;
+  // Each layer's reading over its baseline (null where not finite), the largest, and its layer
+  // (-1 when none is finite and above 0).
+  struct Reading {
+    nlohmann::json per_layer = nlohmann::json::array();
+    double growth = 0.0;
+    int64_t layer = -1;
+  };
+  Reading read(const std::vector<double>& attention_std) const;
 
   int64_t warmup_steps_;
   double peak_lr_;
