@@ -1,5 +1,6 @@
 // keel's command line. Every error surfaces here and becomes an exit code:
-// 0 success, 2 the user's input is wrong, 3 the run stopped itself on purpose, anything else a bug.
+// 0 success, 2 the user's input is wrong, 3 the run stopped itself on purpose, 4 it stopped because
+// a device computes wrong (this node, not the run), anything else a bug.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -41,6 +42,9 @@ int main(int argc, char** argv) {
   } catch (const keel::DistError& e) {
     std::cerr << "stopped: " << e.what() << "\n";
     return keel::kExitRunStopped;
+  } catch (const keel::FaultyDevice& e) {
+    std::cerr << "stopped: " << e.what() << "\n";
+    return keel::kExitFaultyDevice;
   } catch (const keel::RunStopped& e) {
     std::cerr << "stopped: " << e.what() << "\n";
     return keel::kExitRunStopped;

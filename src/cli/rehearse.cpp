@@ -23,8 +23,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kRehearsalSteps = 90;
-constexpr int64_t kBadBatchStep = 40;  // after the warmup and the first stable snapshots
-constexpr int64_t kLrSpikeStep = 65;   // after the first incident's recovery
+constexpr int64_t kWrongDeviceStep = 30;  // one wrong gradient, the data clean: a machine fault
+constexpr int64_t kBadBatchStep = 40;     // after the warmup and the first stable snapshots
+constexpr int64_t kLrSpikeStep = 65;      // after the first incident's recovery
 constexpr int64_t kRehearsalWarmup = 10;
 // A probe: the warmup and three times as long at the peak. Measured on tiny: 10x its lr passes
 // the alarm level by step 3, 3x on real text by 1.5 warmups (schedule_watch.h).
@@ -202,7 +203,10 @@ config::Config rehearsal_config(const config::Config& cfg) {
   spike.factor = 100.0;
   spike.at_step = kLrSpikeStep;
   spike.steps = 2;
-  c.faults = {bad, spike};
+  config::FaultSpec wrong;  // a device's wrong result once: the replay must tell it from the data
+  wrong.kind = config::FaultKind::kCorruptGrad;
+  wrong.at_step = kWrongDeviceStep;
+  c.faults = {wrong, bad, spike};
   return c;
 }
 
@@ -221,24 +225,31 @@ Rehearsal rehearse(const config::Config& cfg) {
   const auto& events = run.events;
   const int64_t pauses = count_of(events, EventKind::kPause),
                 rollbacks = count_of(events, EventKind::kRollback),
-                recovered = count_of(events, EventKind::kRecoveryEnd);
+                recovered = count_of(events, EventKind::kRecoveryEnd),
+                machine = count_of(events, EventKind::kHardwareFault);
   const bool finished = run.status == 0 && count_of(events, EventKind::kRunEnd) == 1;
   Rehearsal r;
-  r.passed = finished && pauses >= 1 && rollbacks >= 1 && recovered >= 1;
+  r.passed = finished && pauses >= 1 && rollbacks >= 1 && recovered >= 1 && machine == 1;
   const std::string injected = fmt::format(
-      "{} steps of this config's model and data on this machine, a bad batch at step {} and an "
-      "lr spike (x100) at step {}",
-      kRehearsalSteps, kBadBatchStep, kLrSpikeStep);
+      "{} steps of this config's model and data on this machine, a device's wrong gradient at "
+      "step {}, a bad batch at step {} and an lr spike (x100) at step {}",
+      kRehearsalSteps, kWrongDeviceStep, kBadBatchStep, kLrSpikeStep);
   if (r.passed)
     r.what = fmt::format(
-        "{}: {} pause(s), {} rollback(s) to a stable snapshot, {} recovery(ies) "
-        "ended; the run finished ({:.0f} s, keel validate --rehearse)",
+        "{}: the wrong gradient named as a machine fault, {} pause(s), {} rollback(s) to a stable "
+        "snapshot, {} recovery(ies) ended; the run finished ({:.0f} s, keel validate --rehearse)",
         injected, pauses, rollbacks, recovered, run.seconds);
   else if (!finished)
     r.what = fmt::format("{}: the run did not finish ({}): {}", injected,
                          run.signal != 0 ? fmt::format("signal {}", run.signal)
                                          : fmt::format("exit code {}", run.status),
                          run.last_line.empty() ? "no output" : run.last_line);
+  else if (pauses >= 1 && rollbacks >= 1 && recovered >= 1)
+    r.what = fmt::format(
+        "{}: {} machine fault(s) named where one was injected: the replay of an alarm's step {} "
+        "(the run's log says whether its first step computed again matched)",
+        injected, machine,
+        machine == 0 ? "did not tell the device from the data" : "blamed the machine too often");
   else
     r.what = fmt::format(
         "{}: {} pause(s), {} rollback(s), {} recovery(ies) ended, {} warn(s): the defences did not "

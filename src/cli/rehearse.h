@@ -1,6 +1,7 @@
 // `keel validate --rehearse`: the checklist's "rollback rehearsed", done on this machine. A short
-// run of the config's own model, data and device (one process) with a bad batch and an lr spike
-// injected, in a scratch directory that is removed after; the run's events say whether the
+// run of the config's own model, data and device (one process) with a device's wrong gradient, a
+// bad batch and an lr spike injected, in a scratch directory that is removed after; the run's
+// events say whether the wrong gradient was named a machine fault (train/replay.h) and the
 // defences paused, rolled back to a stable snapshot and recovered. Then the schedule: whether the
 // attention output stayed quiet through the warmup at the configured peak (the guard's schedule
 // watch, schedule_watch.h), and, from short probes at half-decade multiples of the peak, the
@@ -21,7 +22,7 @@ struct Rehearsal {
 };
 
 // The rehearsal's config: `cfg` unlocked (its copy only), shortened to kRehearsalSteps with a
-// short warmup and frequent checkpoints, eval off, and the two faults.
+// short warmup and frequent checkpoints, eval off, and the three faults.
 config::Config rehearsal_config(const config::Config& cfg);
 
 // A probe of the schedule: rehearsal_config(cfg) at `lr_multiple` x the peak for

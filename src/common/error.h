@@ -3,6 +3,7 @@
 //   3  the run stopped itself on purpose (data-count mismatch, too many rollbacks, stall, its
 //   record could not be written) — RunStopped — or a collective failed, most often because
 //   another rank died first — DistError;
+//   4  a device computes wrong: this node, not the run (a checkpoint was written) — FaultyDevice;
 //   128 + signal after SIGTERM/SIGINT (a checkpoint was written) — Interrupted;
 //   1  anything else: a bug.
 #pragma once
@@ -16,6 +17,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitBug = 1;
 inline constexpr int kExitUserError = 2;
 inline constexpr int kExitRunStopped = 3;
+// A device computes wrong (train/replay.h): this node, not the run. Resuming elsewhere is safe (a
+// checkpoint was written first); scripts/slurm/train.sbatch requeues without the hosts the run
+// directory's exclude_hosts names.
+inline constexpr int kExitFaultyDevice = 4;
 
 // Something the user gave us is wrong. The message names the file/key/flag and what would be valid.
 class UserError : public std::runtime_error {
@@ -49,6 +54,12 @@ class DistError : public std::runtime_error {
 class RunStopped : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// The run stopped because a device computes wrong (exit kExitFaultyDevice).
+class FaultyDevice : public RunStopped {
+ public:
+  using RunStopped::RunStopped;
 };
 
 // A run-record file (metrics, events, eval, samples, forensics, config.resolved.yaml) could not be

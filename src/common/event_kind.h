@@ -26,8 +26,8 @@ enum class EventKind {
   kRecoveryStart,      // the recovery overlay (lr x recovery.lr_factor) began
   kRecoveryEnd,        // and ended
   kIncidentEnd,        // an incident closed: training clean again
-  kAbort,              // the run stopped itself (exit 3)
-  kHardwareFault,      // the ranks' reduced gradients disagree: a device computed wrong; skipped
+  kAbort,              // the run stopped itself (exit 3; 4 for a faulty device)
+  kHardwareFault,      // a device computed wrong (replicas disagree, or a replay did not reproduce)
   kScheduleBackoff,    // the model could not take its lr: rolled back, the schedule's peak lowered
 };
 // The last kind: every kind is EventKind(0) .. kLastEventKind, for the tests that each is known.

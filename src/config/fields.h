@@ -202,6 +202,7 @@ void visit(V& v, FaultSpec& c) {
   v.field("path", c.path);
   v.field("rank", c.rank);
   v.field("period", c.period);
+  v.field("persistent", c.persistent);
 }
 template <class V>
 void visit(V& v, Config& c) {

@@ -71,10 +71,11 @@ enum class FaultKind {
   kSpliceData,
   kHang,
   kRepeatData,
-  kGradGrowth
+  kGradGrowth,
+  kCorruptGrad
 };
 KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
-            "crash", "splice_data", "hang", "repeat_data", "grad_growth");
+            "crash", "splice_data", "hang", "repeat_data", "grad_growth", "corrupt_grad");
 enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
 KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
 // stability.screen.low: what becomes of samples far below the baseline, or repeating content
@@ -317,18 +318,24 @@ struct ProductionConfig {
   bool operator==(const ProductionConfig&) const = default;
 };
 
+// corrupt_grad's multiplier when the fault names none: far past any alarm level, as the wrong
+// result of a failing device usually is.
+inline constexpr double kCorruptGradFactor = 1000.0;
 struct FaultSpec {
   FaultKind kind = FaultKind::kCorruptBatch;
   int64_t at_step = 0;
   int64_t steps = 1;
   CorruptMode mode = CorruptMode::kRandomTokens;  // corrupt_batch
   // lr_spike multiplier, drop_samples fraction; grad_growth: how much larger the fp16 gradients
-  // are at the region's end (a geometric ramp; the update itself is unchanged)
+  // are at the region's end (a geometric ramp; the update itself is unchanged); corrupt_grad: the
+  // multiplier on the rank's gradient (1, the default, means kCorruptGradFactor)
   double factor = 1.0;
   double seconds = 0.0;  // loader_stall duration; hang: how long (0: until killed)
   std::string path;      // splice_data: a prepared dataset whose windows replace the data
   int64_t rank = -1;     // only this rank is hit (-1: every rank)
   int64_t period = 10;   // repeat_data: the documents come back every `period` steps
+  // corrupt_grad: the rank computes wrong every time (a replay of the step too), not once
+  bool persistent = false;
   bool operator==(const FaultSpec&) const = default;
 };
 

@@ -382,6 +382,11 @@ void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
     if (f.kind == FaultKind::kRepeatData) c.at_least(key + ".period", f.period, 1);
     if (f.kind == FaultKind::kGradGrowth)
       c.in_range(key + ".factor", f.factor, 1, kInf, Ends::kOpen);
+    if (f.kind == FaultKind::kCorruptGrad && !(std::isfinite(f.factor) && f.factor != 0))
+      c.error(key + ".factor", "corrupt_grad multiplies the gradient by it: finite, not 0 (got " +
+                                   num(f.factor) + "; left out: " + num(kCorruptGradFactor) + ")");
+    if (f.persistent && f.kind != FaultKind::kCorruptGrad)
+      c.error(key + ".persistent", "only corrupt_grad is persistent; remove it from this fault");
     if (f.kind == FaultKind::kHang && !(f.seconds >= 0))
       c.error(key + ".seconds", "must be >= 0 (0: hang until killed) (got " + num(f.seconds) + ")");
     if (f.kind == FaultKind::kSpliceData) {

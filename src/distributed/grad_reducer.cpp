@@ -121,6 +121,7 @@ void GradReducer::start(Bucket& b) {
       slice.zero_();
     if (release_grads_) p.mutable_grad().reset();  // the bucket holds it now
   }
+  local_.add(b.flat);
   if (accumulate_) b.incoming = torch::empty_like(b.shard);
   b.work = sharded_ ? comm_.reduce_scatter_sum_async_(b.flat, accumulate_ ? b.incoming : b.shard)
                     : comm_.all_reduce_sum_async_(b.flat);

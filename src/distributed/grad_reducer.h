@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "distributed/communicator.h"
+#include "distributed/local_square.h"
 #include "distributed/shard_owner.h"
 
 namespace keel::distributed {
@@ -64,6 +65,9 @@ class GradReducer final : public ShardOwner {
   void all_gather_params();
 
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // This rank's own gradients as they went into the buckets since the step began (begin_step()).
+  void begin_step() { local_.reset(); }
+  const LocalSquare& local_square() const { return local_; }
   // Buckets started from the backward pass's hooks (not by finish) at the last finish: how much
   // of the communication had a chance to overlap.
   int64_t started_in_backward() const { return started_in_backward_; }
@@ -107,6 +111,7 @@ class GradReducer final : public ShardOwner {
   bool start_in_backward_ = true;
   size_t next_ = 0;  // the first bucket not yet started
   int64_t started_in_backward_ = 0;
+  LocalSquare local_;  // guarded by mutex_: the backward pass's hooks add to it
 };
 
 }  // namespace keel::distributed

@@ -243,6 +243,7 @@ void ShardedParameters::reduce(Unit& u) {
     p.mutable_grad().reset();  // the reduction holds it now
   }
   release(u);  // this backward pass is done with the unit's weights
+  local_.add(u.grad_flat);
   u.incoming = torch::empty({u.part}, u.grad_flat.options());
   u.reducing = comm_.reduce_scatter_sum_async_(u.grad_flat, u.incoming);
   u.reduced = true;

@@ -35,6 +35,7 @@
 
 #include "config/schema.h"
 #include "distributed/communicator.h"
+#include "distributed/local_square.h"
 #include "distributed/shard_owner.h"
 #include "model/unit_gate.h"
 
@@ -92,6 +93,9 @@ class ShardedParameters final : public model::UnitGate, public ShardOwner {
   int64_t peak_gathered_units() const { return peak_gathered_; }
   // Units whose gradients were reduced from the backward pass's hooks at the last finish.
   int64_t reduced_in_backward() const { return reduced_in_backward_; }
+  // This rank's own gradients as they went into the reductions since the step began.
+  void begin_step() { local_.reset(); }
+  const LocalSquare& local_square() const { return local_; }
 
  private:
   struct Unit {
@@ -138,6 +142,7 @@ class ShardedParameters final : public model::UnitGate, public ShardOwner {
   std::vector<bool> ready_;
   std::deque<int64_t> in_flight_;  // units being reduced, oldest first
   torch::ScalarType reduce_type_ = torch::kFloat;
+  LocalSquare local_;  // guarded by mutex_: the backward pass's hooks add to it
   torch::ScalarType compute_type_ = torch::kFloat;
   std::mutex mutex_;  // the hooks run on autograd's threads
   bool armed_ = false;

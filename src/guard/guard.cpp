@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/error.h"
 
@@ -461,16 +462,9 @@ Decision Guard::replicas_disagree(const StepSignals& s,
                                   const std::vector<double>& rank_grad_norms) {
   Decision d;
   const std::vector<int64_t> odd = minority_ranks(rank_grad_norms);
-  hardware_faults_.push_back(s.iteration);
-  while (!hardware_faults_.empty() &&
-         s.iteration - hardware_faults_.front() >= kHardwareFaultWindow)
-    hardware_faults_.pop_front();
   nlohmann::json norms = nlohmann::json::array();
   for (double v : rank_grad_norms) norms.push_back(finite_or_null(v));
-  nlohmann::json detail = {{"rank_grad_norms", norms},
-                           {"ranks", odd},
-                           {"recent", hardware_faults_.size()},
-                           {"window", kHardwareFaultWindow}};
+  nlohmann::json detail = {{"rank_grad_norms", norms}, {"ranks", odd}};
   const std::string who =
       odd.empty() ? fmt::format("the {} ranks disagree with no majority, so none can be named",
                                 rank_grad_norms.size())
@@ -483,14 +477,49 @@ Decision Guard::replicas_disagree(const StepSignals& s,
                    norms.dump(), who)});
   d.action = Action::kSkip;
   d.skip_reason = SkipReason::kHardware;
-  if (static_cast<int64_t>(hardware_faults_.size()) >= kHardwareFaultsToStop)
-    abort(
-        "hardware_fault",
-        fmt::format("{} steps within {} attempts had ranks whose reduced gradients disagree ({}): "
-                    "a faulty device; take its host out of the job and resume (--resume latest)",
-                    hardware_faults_.size(), kHardwareFaultWindow, who),
-        detail, d);
+  std::vector<int64_t> suspects(odd.empty() ? rank_grad_norms.size() : 0);  // none named: all
+  std::iota(suspects.begin(), suspects.end(), 0);
+  count_device_fault(s.iteration, odd.empty() ? suspects : odd, false, detail, who, d);
   return d;
+}
+
+Decision Guard::device_fault(int64_t iteration, const std::vector<int64_t>& ranks, bool persistent,
+                             nlohmann::json detail, const std::string& what) {
+  Decision d;
+  detail["ranks"] = ranks;
+  detail["persistent"] = persistent;
+  d.events.push_back({EventKind::kHardwareFault, detail, what});
+  count_device_fault(
+      iteration, ranks, persistent, detail,
+      fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", ")), d);
+  return d;
+}
+
+void Guard::count_device_fault(int64_t iteration, const std::vector<int64_t>& ranks,
+                               bool persistent, const nlohmann::json& detail,
+                               const std::string& who, Decision& d) {
+  while (!device_faults_.empty() && iteration - device_faults_.front().first >= kDeviceFaultWindow)
+    device_faults_.pop_front();
+  for (int64_t r : ranks) device_faults_.emplace_back(iteration, r);
+  std::vector<int64_t> faulty;
+  for (int64_t r : ranks) {
+    const auto n = std::count_if(device_faults_.begin(), device_faults_.end(),
+                                 [&](const auto& f) { return f.second == r; });
+    if (persistent || n >= kDeviceFaultsToStop) faulty.push_back(r);
+  }
+  auto& event = d.events.back();
+  event.detail["recent"] = device_faults_.size();
+  event.detail["window"] = kDeviceFaultWindow;
+  if (faulty.empty()) return;
+  abort("faulty_device",
+        persistent ? fmt::format("a faulty device: {} computes the step wrong every time, and the "
+                                 "same data computes right on another rank",
+                                 who)
+                   : fmt::format("a faulty device: {} computed a wrong result {} times within {} "
+                                 "attempts",
+                                 who, kDeviceFaultsToStop, kDeviceFaultWindow),
+        detail, d);
+  d.faulty_ranks = faulty;
 }
 
 PauseLevels Guard::pause_levels(int64_t step) const {

@@ -83,7 +83,7 @@ nlohmann::json Guard::state() const {
           {"open_incident", open_ ? open_->to_json() : nlohmann::json(nullptr)},
           {"incidents", closed},
           {"incident_starts", incident_starts_},
-          {"hardware_faults", hardware_faults_}};
+          {"device_faults", device_faults_}};
 }
 
 // The baselines the statistics of applied steps teach: what a rollback restores with the weights
@@ -158,9 +158,11 @@ void Guard::load_state(const nlohmann::json& st) {
   incident_starts_.clear();
   for (int64_t v : st.value("incident_starts", std::vector<int64_t>{}))
     incident_starts_.push_back(v);
-  hardware_faults_.clear();
-  for (int64_t v : st.value("hardware_faults", std::vector<int64_t>{}))
-    hardware_faults_.push_back(v);
+  // (A checkpoint from before the faults had ranks holds "hardware_faults": iterations alone, which
+  // name no device; the count starts again.)
+  device_faults_.clear();
+  for (const auto& f : st.value("device_faults", std::vector<std::pair<int64_t, int64_t>>{}))
+    device_faults_.push_back(f);
 }
 
 }  // namespace keel::guard

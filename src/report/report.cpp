@@ -205,6 +205,51 @@ std::string incidents_section(const PlotContext& c) {
   return out;
 }
 
+// Faults a device made (replicas that disagreed, steps whose alarm did not come back when computed
+// again): which rank and host, what was found, what became of the step.
+std::string machine_faults_section(const PlotContext& c) {
+  std::string out = "<section id=\"machine\">\n<h2>Machine faults</h2>\n";
+  const auto faults = c.of_kind({EventKind::kHardwareFault});
+  if (faults.empty())
+    return out +
+           "<p>None on record: no device computed a result that its replicas or a replay of the "
+           "step contradicted.</p>\n</section>\n";
+  out += fmt::format(
+      "<p class=\"caption\">{} fault{}. An alarm's step is computed again before its data is "
+      "blamed (one rank on, under several ranks); a part that does not come back is the "
+      "device's. A rank's second fault within the window, or a device wrong every time, stops "
+      "the run (exit 4) and lists its host in exclude_hosts.</p>\n",
+      faults.size(), faults.size() == 1 ? "" : "s");
+  out +=
+      "<table class=\"incidents\"><thead><tr><th>step</th><th>rank (host)</th><th>found</th>"
+      "<th>the step</th><th>replay</th></tr></thead>\n<tbody>\n";
+  for (const Event* e : faults) {
+    const json& d = e->detail;
+    std::string ranks;
+    const json hosts = d.value("hosts", json::array());
+    for (const auto& r : d.value("ranks", json::array())) {
+      const auto rank = r.get<int64_t>();
+      ranks += fmt::format("{}{}", ranks.empty() ? "" : "<br>", rank);
+      if (rank >= 0 && rank < static_cast<int64_t>(hosts.size()) && hosts[rank].is_string())
+        ranks +=
+            " <span class=\"mono muted\">(" + escape(hosts[rank].get<std::string>()) + ")</span>";
+    }
+    const std::string cause = d.value("cause", "");
+    const std::string found = cause == "persistent"       ? "wrong every time"
+                              : cause == "not_reproduced" ? "did not come back when replayed"
+                                                          : "replicas disagreed";
+    const std::string step = cause == "persistent"       ? "saved, then the run stopped"
+                             : cause == "not_reproduced" ? "redone from the replay"
+                                                         : "skipped on every rank";
+    out += fmt::format(
+        "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>"
+        "</tr>\n",
+        e->step, ranks.empty() ? "none named" : ranks, found, step,
+        d.contains("seconds") ? fmt::format("{:.3f} s", number_or(d, "seconds", 0)) : "-");
+  }
+  return out + "</tbody></table>\n</section>\n";
+}
+
 std::string events_table(const PlotContext& c) {
   struct Count {
     int64_t n = 0, first = 0, last = 0;
@@ -487,6 +532,7 @@ std::string render_html(const RunRecord& run) {
   out += lr_plot(c);
   out += "</section>\n";
   out += incidents_section(c);
+  out += machine_faults_section(c);
   out += "<section id=\"data\">\n<h2>Data</h2>\n" + data_plots(c) + "</section>\n";
   out += "<section id=\"events\">\n<h2>Events</h2>\n" + events_table(c) + "</section>\n";
   out += config_section(run, start);

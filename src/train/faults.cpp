@@ -103,9 +103,19 @@ double FaultInjector::gradient_growth(int64_t iteration) const {
   return m;
 }
 
-void FaultInjector::after_backward(int64_t iteration,
-                                   const std::vector<torch::Tensor>& params) const {
+double FaultInjector::gradient_corruption(int64_t iteration, bool replay) const {
+  double m = 1.0;
+  for (const auto& f : faults_)
+    if (f.kind == config::FaultKind::kCorruptGrad && active(f, iteration) &&
+        (!replay || f.persistent))
+      m *= f.factor == 1.0 ? config::kCorruptGradFactor : f.factor;
+  return m;
+}
+
+void FaultInjector::after_backward(int64_t iteration, const std::vector<torch::Tensor>& params,
+                                   bool replay) const {
   for (const auto& f : faults_) {
+    if (replay && f.kind != config::FaultKind::kNanGrad) continue;
     if (f.kind == config::FaultKind::kCrash && iteration == f.at_step) {
       log::warn("faults", "crash fault at iteration {}: killing the process", iteration);
       ::kill(::getpid(), SIGKILL);

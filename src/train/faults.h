@@ -14,6 +14,11 @@
 //                  `factor` times their size, as growing activations would make them: the scaled
 //                  loss is multiplied and the unscaled gradients divided by the same amount, so the
 //                  update is unchanged and only the loss scale has to give way.
+//   corrupt_grad   this rank's gradient comes out `factor` times too large (its objective is
+//                  multiplied; the data and the per-sample losses are untouched), as a device that
+//                  computes wrong would make it, in iterations [at_step, at_step+steps). Once per
+//                  iteration: a replay of the step (train/replay.h) computes it right, unless the
+//                  fault is `persistent` (the device is wrong every time).
 //   nan_grad, lr_spike, crash, hang
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
@@ -23,11 +28,11 @@
 // Owns: this rank's faults, the spliced datasets, repeat_data's documents once taken and the
 // generator corrupt_batch draws from. Called by: setup.cpp (faults_for_rank, the injector),
 // trainer.cpp (corrupt in next_batch, after_backward in train_step, gradient_growth in measure),
-// forward_backward.cpp (gradient_growth, touches_gradients) and learning_rate.cpp
-// (lr_multiplier). Writes: nothing (it changes tokens and gradients in place; a crash or a hang
-// logs a warning first). Saves: nothing: rebuilt at each start from the config and the run's seed,
-// so its windows (keyed to saved counters) are the same, but corrupt_batch's draws start again
-// from the seed and repeat_data takes a new set.
+// forward_backward.cpp (gradient_growth, gradient_corruption, touches_gradients), replay.cpp
+// (after_backward of a replay) and learning_rate.cpp (lr_multiplier). Writes: nothing (it changes
+// tokens and gradients in place; a crash or a hang logs a warning first). Saves: nothing: rebuilt
+// at each start from the config and the run's seed, so its windows (keyed to saved counters) are
+// the same, but corrupt_batch's draws start again from the seed and repeat_data takes a new set.
 #pragma once
 
 #include <torch/torch.h>
@@ -58,10 +63,15 @@ class FaultInjector {
   double lr_multiplier(int64_t iteration) const;
   // grad_growth: the factor on the scaled loss of `iteration` (1 outside the fault).
   double gradient_growth(int64_t iteration) const;
+  // corrupt_grad: the factor on this rank's objective in `iteration` (1 outside the fault). A
+  // `replay` of the iteration sees it only when the fault is persistent.
+  double gradient_corruption(int64_t iteration, bool replay) const;
   // The step's one fault hook, after the backward pass of `iteration`: a crash kills the process
   // (SIGKILL, as an OOM killer or a node failure would); a hang stops answering; a nan_grad
-  // poisons the first gradient.
-  void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params) const;
+  // poisons the first gradient, in a `replay` of the step too (a NaN the step's own values make
+  // comes back when they are computed again; a crash or a hang has happened already).
+  void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params,
+                      bool replay = false) const;
   // after_backward changes the gradients of `iteration` (so they must not be all-reduced before
   // it runs).
   bool touches_gradients(int64_t iteration) const;

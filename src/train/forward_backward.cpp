@@ -51,6 +51,7 @@ MicroBatches Trainer::State::forward_backward(bool keep_samples,
     const std::vector<int64_t> fingerprints =
         keep_samples ? Screen::fingerprints(batch.tokens) : std::vector<int64_t>{};
     range.reset();
+    if (keep_samples) defence.replay.remember_rng(device, micro);  // a replay starts from it
     const MicroOutput out =
         run_micro(batch, micro, fingerprints, screen_threshold, low_threshold, growth);
     loss_sum += out.loss_sum;
@@ -68,13 +69,16 @@ MicroBatches Trainer::State::forward_backward(bool keep_samples,
 }
 
 // One micro-batch forward and backward: replayed from the CUDA graph where there is one (and no
-// grad_growth fault scales the objective: a value the graph does not hold), eagerly otherwise.
+// grad_growth or corrupt_grad fault scales the objective: a value the graph does not hold),
+// eagerly otherwise.
 MicroOutput Trainer::State::run_micro(const data::Batch& batch, int64_t micro,
                                       const std::vector<int64_t>& fingerprints,
                                       std::optional<double> screen_threshold,
                                       std::optional<double> low_threshold, double growth) {
   const auto accum = static_cast<double>(feed.accumulation.steps());
-  if (compute.micro_graph && growth == 1.0) {
+  const bool corrupt =
+      launch.faults->gradient_corruption(counters.iteration, defence.replay.replaying()) != 1.0;
+  if (compute.micro_graph && growth == 1.0 && !corrupt) {
     monitor::StageRange graph_range("keel/graph");
     auto out = compute.micro_graph->run(
         batch.tokens, screen_threshold.value_or(std::numeric_limits<double>::infinity()), accum,
@@ -133,6 +137,11 @@ MicroOutput Trainer::State::micro_step(const torch::Tensor& tokens, const torch:
   torch::Tensor scaled = objective / divisor;
   if (scaler) scaled = scaled * scaler->scale();
   if (growth != 1.0) scaled = scaled * growth;  // measure() divides the gradients back
+  // corrupt_grad: this rank's device computes its gradient wrong (nothing divides it back).
+  if (const double wrong =
+          launch.faults->gradient_corruption(counters.iteration, defence.replay.replaying());
+      wrong != 1.0)
+    scaled = scaled * wrong;
   parallel->arm(micro, feed.accumulation.steps(),
                 launch.faults->touches_gradients(counters.iteration));
   monitor::StageRange range("keel/backward");

@@ -4,8 +4,8 @@ namespace keel::train {
 namespace {
 
 // The packed layout, in order: loss, grad_norm, overflow, refused, loss_scale, then the L layer
-// norms, the R ranks' global norms (several ranks), the n sample losses and (screened steps) the
-// n kept flags.
+// norms, the R ranks' global norms (several ranks), the C ranks' contributions (2 each), the n
+// sample losses and (screened steps) the n kept flags.
 constexpr int64_t kLoss = 0, kGradNorm = 1, kOverflow = 2, kRefused = 3, kLossScale = 4,
                   kLayers = 5;
 
@@ -18,6 +18,7 @@ torch::Tensor one(const torch::Tensor& value, const torch::TensorOptions& dev) {
 HostRead::HostRead(const DeviceFigures& f)
     : layers_(f.layer_grad_norms.numel()),
       ranks_(f.rank_grad_norms.defined() ? f.rank_grad_norms.numel() : 0),
+      contributions_(f.contributions.defined() ? f.contributions.size(0) : 0),
       screened_(f.kept.defined()),
       scaled_(f.loss_scale.defined()) {
   const auto dev = f.loss.options();
@@ -25,9 +26,12 @@ HostRead::HostRead(const DeviceFigures& f)
                                       one(f.overflow, dev),   one(f.refused, dev),
                                       one(f.loss_scale, dev), f.layer_grad_norms.to(dev)};
   if (ranks_ > 0) parts.push_back(f.rank_grad_norms.to(dev));
+  if (contributions_ > 0)
+    parts.push_back(f.contributions.reshape({-1}).to(dev.dtype(torch::kFloat64)));
   parts.push_back(f.sample_losses.to(dev));
   if (screened_) parts.push_back(f.kept.to(dev));
-  values_ = read_.add(torch::cat(parts).to(torch::kFloat64));
+  for (auto& p : parts) p = p.to(torch::kFloat64);  // the contributions are fp64 already
+  values_ = read_.add(torch::cat(parts));
   pairs_ = read_.add(f.pairs.to(torch::kInt64));
   read_.queued();
 }
@@ -47,7 +51,10 @@ HostFigures HostRead::wait() {
   h.layer_grad_norms.assign(p + kLayers, p + kLayers + layers_);
   const double* ranks = p + kLayers + layers_;
   h.rank_grad_norms.assign(ranks, ranks + ranks_);
-  const double* losses = ranks + ranks_;
+  const double* contributions = ranks + ranks_;
+  for (int64_t r = 0; r < contributions_; ++r)
+    h.contributions.push_back({contributions[2 * r], contributions[2 * r + 1]});
+  const double* losses = contributions + 2 * contributions_;
   h.sample_losses.assign(losses, losses + n);
   for (int64_t i = 0; i < n; ++i) h.kept.push_back(!screened_ || losses[n + i] > 0.5);
   const int64_t* id_hash = pairs.data_ptr<int64_t>();

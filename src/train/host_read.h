@@ -16,6 +16,12 @@
 
 namespace keel::train {
 
+// One rank's own part of a step, before any reduction: the sum of its samples' losses and of its
+// gradients' squares. Ranks that recompute the step get the same (train/replay.h).
+struct Contribution {
+  double loss_sum = 0.0, grad_square = 0.0;
+};
+
 // The figures on the device, as the step measured them (every rank's samples gathered already).
 struct DeviceFigures {
   torch::Tensor loss;              // () mean cross-entropy over the kept samples
@@ -28,6 +34,7 @@ struct DeviceFigures {
   torch::Tensor kept;              // (n) 1/0 (undefined: the step was not screened)
   torch::Tensor pairs;             // (n, 2) int64 (id, fingerprint), on the host or the device
   torch::Tensor rank_grad_norms;   // (world) every rank's global norm (undefined: one rank)
+  torch::Tensor contributions;     // (world, 2) every rank's Contribution (undefined: none)
 };
 
 // The same figures on the host.
@@ -41,7 +48,8 @@ struct HostFigures {
   std::vector<double> sample_losses;
   std::vector<bool> kept;  // every sample's (all true when the step was not screened)
   std::vector<int64_t> ids, fingerprints;
-  std::vector<double> rank_grad_norms;  // every rank's, in rank order (empty: one rank)
+  std::vector<double> rank_grad_norms;      // every rank's, in rank order (empty: one rank)
+  std::vector<Contribution> contributions;  // every rank's, in rank order (empty: not measured)
 };
 
 class HostRead {
@@ -54,7 +62,7 @@ class HostRead {
  private:
   StepRead read_;
   size_t values_ = 0, pairs_ = 0;  // their indices in read_
-  int64_t layers_ = 0, ranks_ = 0;
+  int64_t layers_ = 0, ranks_ = 0, contributions_ = 0;
   bool screened_ = false, scaled_ = false;
 };
 

@@ -40,6 +40,14 @@ torch::Tensor local_norms(const std::vector<torch::Tensor>& tensors) {
   return torch::stack(torch::_foreach_norm(tensors));
 }
 
+// The sum of the squares of the gradients that `params` hold (() fp64).
+torch::Tensor square_of_grads(const std::vector<torch::Tensor>& params) {
+  distributed::LocalSquare sum;
+  for (const auto& p : params)
+    if (p.grad().defined()) sum.add(p.grad());
+  return sum.sum().defined() ? sum.sum() : torch::zeros({}, torch::kFloat64);
+}
+
 // The plans under which every rank holds the whole weights (replicated, ZeRO-1 and 2).
 class WholeWeights : public ParallelPlan {
  public:
@@ -78,14 +86,15 @@ class Replicated final : public WholeWeights {
 
   // distributed.overlap: the last micro-step's buckets start as they fill in the backward pass.
   void arm(int64_t micro, int64_t micro_steps, bool fault_after_backward) override {
+    if (reducer_ && micro == 0) reducer_->begin_step();
     if (reducer_ && micro == micro_steps - 1 && !fault_after_backward)
       reducer_->arm(/*start_in_backward=*/true, /*accumulate=*/micro > 0);
   }
   void after_backward(int64_t, int64_t) override {}
   void reduce() override {
-    if (!comm_.is_process_group()) return;
     if (reducer_ && reducer_->armed()) {
       reducer_->finish();
+      local_square_ = reducer_->local_square().sum();
       if (!reported_ && comm_.is_main()) {  // once: did the overlap happen?
         reported_ = true;
         log::info("dist",
@@ -95,6 +104,8 @@ class Replicated final : public WholeWeights {
       }
       return;
     }
+    local_square_ = square_of_grads(params_);
+    if (!comm_.is_process_group()) return;
     std::vector<torch::Tensor> grads;
     for (auto& p : params_)
       if (p.grad().defined()) grads.push_back(p.grad());
@@ -143,6 +154,7 @@ class ShardedOptimizer final : public WholeWeights {
   }
 
   void arm(int64_t micro, int64_t micro_steps, bool fault_after_backward) override {
+    if (reducer_ && micro == 0) reducer_->begin_step();
     const bool last = micro == micro_steps - 1;
     if (!reducer_ || !(last || reducer_->releases_grads())) return;
     const bool in_backward = cfg_.distributed.overlap && !(last && fault_after_backward);
@@ -152,8 +164,10 @@ class ShardedOptimizer final : public WholeWeights {
     if (reducer_ && reducer_->armed() && micro < micro_steps - 1) reducer_->finish();
   }
   void reduce() override {
+    if (!reducer_) local_square_ = square_of_grads(params_);  // one process: nothing to reduce
     if (!reducer_ || !reducer_->armed()) return;
     reducer_->finish();
+    local_square_ = reducer_->local_square().sum();
     if (!reported_ && comm_.is_main()) {
       reported_ = true;
       log::info("dist",
@@ -210,12 +224,16 @@ class ShardedModel final : public ParallelPlan {
   }
 
   // Every micro-step, in the backward pass: the ranks' collectives interleave.
-  void arm(int64_t micro, int64_t, bool) override { sharded_->arm(/*accumulate=*/micro > 0); }
+  void arm(int64_t micro, int64_t, bool) override {
+    if (micro == 0) sharded_->begin_step();
+    sharded_->arm(/*accumulate=*/micro > 0);
+  }
   void after_backward(int64_t, int64_t) override { sharded_->finish(); }
   const std::vector<torch::Tensor>& gradients_after_backward() override {
     return zero_->attach_grads();
   }
   void reduce() override {
+    local_square_ = sharded_->local_square().sum();
     if (reported_ || !comm_.is_main()) return;
     reported_ = true;
     log::info("dist",

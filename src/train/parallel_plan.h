@@ -57,6 +57,10 @@ class ParallelPlan {
   virtual const std::vector<torch::Tensor>& gradients_after_backward() = 0;
   // The step's gradients averaged over the ranks: whatever the backward passes did not do.
   virtual void reduce() = 0;
+  // This rank's own gradients of the step, before any reduction: the sum of their squares (()
+  // fp64 on the device), valid after reduce(). Healthy ranks that compute the step again get it
+  // again; a replay (train/replay.h) compares it rank by rank to name a device that computed wrong.
+  const torch::Tensor& local_square() const { return local_square_; }
   // The tensors whose .grad hold this rank's reduced gradients: what unscaling and clipping act
   // on.
   virtual const std::vector<torch::Tensor>& gradients() = 0;
@@ -83,6 +87,7 @@ class ParallelPlan {
 
  protected:
   std::unique_ptr<optim::Optimizer> optimizer_;
+  torch::Tensor local_square_;  // set by reduce()
 };
 
 // Builds the plan `cfg.distributed` and the number of ranks call for, the model's parameters in

@@ -313,7 +313,7 @@ void Trainer::State::open_record() {
                                launch.resolved_yaml);
   }
   comm.barrier();
-  if (comm.world_size() > 1) launch.rank_hosts = rank_hosts(comm, device);
+  launch.rank_hosts = rank_hosts(comm, device);
   record.files =
       monitor::RunFiles::open(launch.run_dir, comm.is_main(), cfg.logging.sample_ids,
                               cfg.logging.tensorboard ? cfg.logging.tensorboard_every_steps : 0);

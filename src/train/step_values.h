@@ -48,8 +48,11 @@ struct StepResult {
   std::optional<double> low_threshold;  // the low side's (set with screen_threshold)
   torch::Tensor kept;                   // () samples kept, over every rank
   StepSamples samples;                  // this rank's (kept only when the guard is on)
-  double loader_wait_s = 0.0;           // the host's wait for the data
-  double comm_s = 0.0;                  // the reductions the backward passes did not hide
+  // (2) fp64: this rank's own part of the step before any reduction (host_read.h's Contribution:
+  // its samples' summed losses, its gradients' summed squares); the guard on only.
+  torch::Tensor contribution;
+  double loader_wait_s = 0.0;  // the host's wait for the data
+  double comm_s = 0.0;         // the reductions the backward passes did not hide
 };
 
 // A step's values on their way to the host (queued before the update), and under
@@ -66,6 +69,13 @@ struct QueuedUpdate {
   std::vector<torch::Tensor> before;
   torch::Tensor found_inf;  // (1) the overflow or non-finite flag, without the gate's verdict
   bool gated = false;
+};
+
+// What a replay before blame (replay.h) found: the step to go on with, when a device computed it
+// wrong (the replay's values), and what the replay cost.
+struct ReplayOutcome {
+  std::optional<StepResult> redo;
+  std::optional<double> seconds;  // unset: no replay ran
 };
 
 // The host's copy of one step's per-sample values, read with the guard's signals.

@@ -111,32 +111,53 @@ void Trainer::State::train_step() {
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.
   launch.faults->after_backward(counters.iteration, parallel->gradients_after_backward());
   std::optional<monitor::StageRange> range(std::in_place, "keel/measure");
-  const StepResult result = measure(std::move(micro), screen.high, screen.low);
+  StepResult result = measure(std::move(micro), screen.high, screen.low);
   range.reset();
   StepTally tally;  // what this attempt adds to the logging window
   tally.loader_wait_s = result.loader_wait_s;
   tally.comm_s = result.comm_s;
   if (guard)
-    guarded_update(result, lr, log_step, tally);
+    guarded_update(std::move(result), lr, log_step, tally);
   else
     apply_unguarded(result, lr, log_step, tally);
 }
 
-// The guard's part of the step: the host read (and the device's gate), the verdict, then the
-// update's end and its record, or a skip or a rollback instead of the update.
-void Trainer::State::guarded_update(const StepResult& result, double lr, bool log_step,
-                                    StepTally& tally) {
+// The guard's part of the step: the host read (and the device's gate), a replay before an alarm
+// blames the data, the verdict, then the update's end and its record, or a skip or a rollback
+// instead of the update.
+void Trainer::State::guarded_update(StepResult result, double lr, bool log_step, StepTally& tally) {
   std::optional<monitor::StageRange> range(std::in_place, "keel/guard");
+  if (!defence.replay.calibrated()) calibrate_replay(result);  // before the update is queued
   StepReadout readout = queue_read(result);
   // The gate on the device: the update is queued behind the read, and the host decides while the
   // device updates.
   std::optional<QueuedUpdate> update;
-  if (readout.refuse.defined()) {
+  const auto queue_gated = [&] {
+    if (!readout.refuse.defined()) return;
     monitor::StageRange queued("keel/optimizer");  // within the guard's range
     update = queue_update(result, lr, log_step, readout.refuse);
+  };
+  queue_gated();
+  const auto read_start = Clock::now();  // the host's wait for the read, and any replay
+  HostFigures figures = readout.read.wait();
+  ReplayOutcome replay;
+  if (replay_due(figures)) {
+    // The alarm refused the update (the gate too): the weights are the step's own still.
+    replay = replay_before_blame(result, figures);
+    if (replay.redo) {  // a device computed it wrong: the step goes on with the replay's values
+      result = std::move(*replay.redo);
+      readout = queue_read(result);
+    }
+    // .grad holds the replay's gradients now: a gated update is queued (clipped) on them again.
+    update.reset();
+    queue_gated();
+    if (replay.redo) figures = readout.read.wait();
   }
-  Verdict verdict = decide(result, readout, lr);
-  tally.guard_s = verdict.guard_s;
+  const double read_s = seconds_since(read_start);
+  Verdict verdict = decide(result, figures, lr);
+  if (replay.seconds && !verdict.decision.events.empty() && !replay.redo)
+    verdict.decision.events.front().detail["replay_s"] = *replay.seconds;  // it reproduced
+  tally.guard_s = verdict.guard_s + read_s;
   tally.masked = verdict.samples.masked;
   record_verdict(verdict);
   if (verdict.action() != guard::Action::kApply) {
@@ -251,6 +272,9 @@ StepResult Trainer::State::measure(MicroBatches micro, std::optional<double> scr
     comm.all_reduce_sum_(totals);
     if (comm.is_process_group()) r.comm_s += seconds_since(comm_start);
   }
+  if (!r.samples.losses.empty())  // what a replay compares (replay.h)
+    r.contribution = torch::stack({torch::cat(r.samples.losses).sum().to(torch::kFloat64),
+                                   parallel->local_square().to(sums.device(), torch::kFloat64)});
   const std::vector<torch::Tensor>& grads = parallel->gradients();
   if (scaler) r.found_inf = parallel->agree_overflow(scaler->unscale_(grads));
   if (const double growth = launch.faults->gradient_growth(counters.iteration); growth != 1.0)

@@ -46,6 +46,7 @@
 #include "train/process_settings.h"
 #include "train/quarantine.h"
 #include "train/recovery.h"
+#include "train/replay.h"
 #include "train/resume_source.h"
 #include "train/run_history.h"
 #include "train/screen.h"
@@ -72,7 +73,7 @@ struct Trainer::State {
   void train_step();
   bool is_log_step() const;
   void apply_unguarded(const StepResult& result, double lr, bool log_step, StepTally& tally);
-  void guarded_update(const StepResult& result, double lr, bool log_step, StepTally& tally);
+  void guarded_update(StepResult result, double lr, bool log_step, StepTally& tally);
   StepTally& tally_applied(StepTally& t) const;
   void tally_samples(StepTally& t, const Verdict& v, const StepResult& r) const;
   void adjust_accumulation(const Verdict& v);
@@ -99,8 +100,21 @@ struct Trainer::State {
   // Queues the step's values for the host (and, gate on, the device's verdict on the update).
   StepReadout queue_read(const StepResult& r);
   // The guard's verdict on the step, from its values once they are on the host; writes nothing.
-  Verdict decide(const StepResult& r, StepReadout& readout, double lr);
+  Verdict decide(const StepResult& r, const HostFigures& h, double lr);
   void record_verdict(Verdict& v);
+  // ---- replay before blame (replay.cpp)
+  // Whether the step, as the host read it, is an alarm that would blame its data.
+  bool replay_due(const HostFigures& h) const;
+  // The first guarded step of this start, computed again: the run's own noise.
+  void calibrate_replay(const StepResult& r);
+  torch::Tensor parts_of_step(const StepResult& r);
+  // Replays the step and acts on what it finds: a machine fault is on record, and the step goes
+  // on with the replay's values (ReplayOutcome::redo), or the run stops as a faulty device.
+  ReplayOutcome replay_before_blame(const StepResult& r, const HostFigures& h);
+  // The step's micro-batches forward and backward again (rank r computing rank r-`shift`'s),
+  // measured; the samples are this rank's own, with the losses the replay gave them.
+  StepResult replay_step(const StepResult& r, int64_t shift);
+  [[noreturn]] void stop_faulty_device(const guard::Decision& d);
   void reject(const Verdict& v, const StepResult& r);
   // Clips and queues the update; `refuse` (the device's verdict) gates it.
   QueuedUpdate queue_update(const StepResult& r, double lr, bool log_step,
@@ -172,7 +186,7 @@ struct Trainer::State {
     bool resumed = false;
     int64_t start_iteration = 0;            // counters.iteration when this start began
     std::unique_ptr<FaultInjector> faults;  // the config's injected faults (tests, rehearsals)
-    std::vector<std::string> rank_hosts;    // every rank's "host device" (several ranks)
+    std::vector<std::string> rank_hosts;    // every rank's "host device", in rank order
   } launch;
 
   // The model and what computes it.
@@ -209,6 +223,7 @@ struct Trainer::State {
     std::unique_ptr<monitor::DeviceWindow> grad_norm_window;  // the median when the guard is off
     std::unique_ptr<Forensics> forensics;                     // forensics/ (opened with the record)
     std::unique_ptr<Recovery> recovery;  // rollback, dropped steps, a resume's recovery
+    ReplayCheck replay;                  // replay before blame: the step's random state, the noise
     // The reference batch: the first sequences of the validation data, and the model's loss on
     // it when the newest stable snapshot was taken (NaN before there is one).
     torch::Tensor probe_tokens;  // (P, T+1) int64

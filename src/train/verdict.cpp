@@ -42,7 +42,16 @@ StepReadout Trainer::State::queue_read(const StepResult& r) {
   DeviceFigures f;
   // Replicated ranks hold the same reduced gradients, so the same norm to the bit: each rank's,
   // to tell a device that computed wrong (under ZeRO every rank's norm is a sum over the ranks).
-  if (comm.world_size() > 1) f.rank_grad_norms = comm.all_gather(r.grad_norm.reshape({1}));
+  // With it, each rank's own part of the step, for a replay (replay.h) to compare.
+  if (comm.world_size() > 1) {
+    const auto all =
+        comm.all_gather(torch::cat({r.grad_norm.reshape({1}).to(torch::kFloat64), r.contribution}))
+            .reshape({comm.world_size(), 3});
+    f.rank_grad_norms = all.select(1, 0);
+    f.contributions = all.slice(1, 1);
+  } else {
+    f.contributions = r.contribution.reshape({1, 2});
+  }
   torch::Tensor refuse;
   if (cfg.stability.update_gate == config::UpdateGate::kDevice)
     refuse = refusal(r, guard->pause_levels(counters.step), f.rank_grad_norms);
@@ -62,10 +71,9 @@ StepReadout Trainer::State::queue_read(const StepResult& r) {
   return StepReadout{HostRead(f), refuse};
 }
 
-Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double lr) {
+Verdict Trainer::State::decide(const StepResult& r, const HostFigures& h, double lr) {
   Verdict v;
   const auto start = Clock::now();
-  const HostFigures h = readout.read.wait();
   v.refused_on_device = h.refused_on_device;
 
   guard::StepSignals s;
@@ -108,6 +116,8 @@ Verdict Trainer::State::decide(const StepResult& r, StepReadout& readout, double
 // events), the guard's events, and the end of the run when it aborts.
 void Trainer::State::record_verdict(Verdict& v) {
   defence.screen.quarantine_masked(v.samples, counters, v.decision);
+  if (v.action() == guard::Action::kAbort && !v.decision.faulty_ranks.empty())
+    stop_faulty_device(v.decision);
   if (v.action() == guard::Action::kAbort) stop(v.decision);
   record_events(v.decision);
 }

@@ -239,9 +239,10 @@ TEST_F(DefencesOnShards, ValidateShowsTheEvidenceOfEachChecklistItem) {
   EXPECT_NE(r.output.find("loader worker(s) read " + data()), std::string::npos) << r.output;
 }
 
-// keel validate --rehearse: a short run of the config's own model on this machine through a bad
-// batch and an lr spike, reported as pause -> rollback -> recovery, in under a minute on tiny;
-// with the defences off it says what did not happen, and exits 1.
+// keel validate --rehearse: a short run of the config's own model on this machine through a
+// device's wrong gradient, a bad batch and an lr spike, reported as a machine fault and pause ->
+// rollback -> recovery, in under a minute on tiny; with the defences off it says what did not
+// happen, and exits 1.
 TEST(DefencesIntegration, ValidateRehearseRollsBackAndRecovers) {
   const auto start = std::chrono::steady_clock::now();
   auto r = run_keel("validate --no-probe --rehearse");
@@ -250,6 +251,8 @@ TEST(DefencesIntegration, ValidateRehearseRollsBackAndRecovers) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[ok  ] rollback rehearsed: 90 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rollback(s) to a stable snapshot"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the wrong gradient named as a machine fault"), std::string::npos)
+      << r.output;
   // The schedule at the configured peak: quiet, and the probes name the peak that would not be.
   EXPECT_NE(r.output.find("[ok  ] lr against the model: at the configured peak 0.003 the "
                           "attention output grew at most"),

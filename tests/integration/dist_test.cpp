@@ -183,8 +183,8 @@ TEST(DistIntegration, BothRanksTakeTheGuardsDecisionsTogether) {
 // A device that computes one wrong result: rank 1's reduced gradients differ from rank 0's at one
 // step (a grad_growth fault undone on rank 1 alone). The ranks used to decide differently and die
 // inside Gloo; now every rank skips that step, a hardware_fault event names every rank's norm,
-// nothing is quarantined, nothing rolls back, and the run finishes. Three such steps within the
-// window stop it (exit 3) naming the fault.
+// nothing is quarantined, nothing rolls back, and the run finishes. A second such step within the
+// window stops it as a faulty device (exit 4), naming the fault.
 TEST(DistIntegration, ReplicasThatDisagreeSkipTheStepTogether) {
   for (const char* gate : {"device", "host"}) {
     ScratchDir d("dist_replica_fault");
@@ -214,7 +214,7 @@ TEST(DistIntegration, ReplicasThatDisagreeSkipTheStepTogether) {
   auto r = run_keel("launch --nproc 2 -- " + tiny_args(d, 8, 30) +
                     " --set 'faults=[{kind: grad_growth, factor: 10000, at_step: 20, steps: 3,"
                     " rank: 1}]'");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_NE(r.output.find("a faulty device"), std::string::npos) << r.output;
 }
 

@@ -26,9 +26,9 @@ const std::vector<std::string> kFiles = {"metrics.jsonl", "events.jsonl", "eval.
 // Keys whose values are measured times or memory, or follow from them.
 bool is_timing(const std::string& key) {
   static const std::set<std::string> kTimings = {
-      "tokens_per_s", "step_ms", "loader_wait_ms", "guard_ms",   "comm_ms",
-      "queue_depth",  "stall_s", "seconds",        "wait_ms",    "waits",
-      "save_stall_s", "step_s",  "overhead",       "peak_bytes", "peak_over_plan"};
+      "tokens_per_s", "step_ms",    "loader_wait_ms", "guard_ms", "comm_ms",      "queue_depth",
+      "stall_s",      "seconds",    "wait_ms",        "waits",    "save_stall_s", "step_s",
+      "overhead",     "peak_bytes", "peak_over_plan", "replay_s"};
   return kTimings.count(key) > 0;
 }
 

@@ -85,9 +85,13 @@ class SlurmCluster : public ::testing::Test {
         << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
         << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
         << "ReturnToService=2\nKillWait=10\nInactiveLimit=0\nMinJobAge=300\n"
-        << "NodeName=" << host << " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
+        << "NodeName=" << host
+        << " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
+        // A second node that is down (nothing listens at its port): a job that leaves this host
+        // out can still be submitted, and waits.
+        << "NodeName=keelspare NodeAddr=127.0.0.1 Port=" << free_port() << " CPUs=2 State=DOWN\n"
         << "PartitionName=keel Nodes=" << host
-        << " Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
+        << ",keelspare Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
     conf_ = (d / "slurm.conf").string();
     ::setenv("SLURM_CONF", conf_.c_str(), 1);
     r = run_shell("/usr/sbin/slurmctld -f " + conf_ + " -i && /usr/sbin/slurmd -f " + conf_);
@@ -196,6 +200,40 @@ TEST_F(SlurmCluster, ATimeLimitCheckpointsAndTheResubmittedJobContinuesBitExactl
   const auto expected = losses_of(d / "ref"), got = losses_of(run);
   ASSERT_EQ(got.size(), expected.size()) << out2;
   for (const auto& [step, loss] : expected) EXPECT_EQ(got.at(step), loss) << "step " << step;
+}
+
+// scripts/slurm/train.sbatch when a device computes wrong every time (a persistent corrupt_grad
+// on rank 1): keel exits 4 after a checkpoint, listing the host in exclude_hosts, and the script
+// submits the same job again without that host. This cluster has one node, so the new job waits
+// (its exclusion is what is checked), and is cancelled.
+TEST_F(SlurmCluster, AFaultyDeviceSubmitsTheJobAgainWithoutItsHost) {
+  const fs::path d = dir_.path();
+  const std::string run = (d / "faulty").string();
+  auto r = run_shell(
+      "env KEEL=" + std::string(keel::testing::kKeelBinary) +
+      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+      " sbatch --parsable --ntasks=2 --time=5 --output=" + (d / "faulty-%j.out").string() + " " +
+      source_path("scripts/slurm/train.sbatch") + " " + source_path("configs/tiny.yaml") + " " +
+      run + train_sets(40) +
+      " --set 'faults=[{kind: corrupt_grad, at_step: 20, rank: 1, persistent: "
+      "true}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string first = r.output.substr(0, r.output.find_first_of(";\n"));
+  ASSERT_TRUE(wait_for_job(first, 120)) << "job " << first << " still queued or running";
+  const std::string out = slurp(d / ("faulty-" + first + ".out"));
+  EXPECT_NE(out.find("a faulty device"), std::string::npos) << out;
+  const std::string host = slurp(fs::path(run) / "exclude_hosts");
+  ASSERT_FALSE(host.empty()) << out;
+  const auto resubmitted = out.find("keel: a faulty device on ");
+  ASSERT_NE(resubmitted, std::string::npos) << out;
+  const std::string job = out.substr(out.find("job ", resubmitted) + 4);
+  const std::string next = job.substr(0, job.find(' '));
+  r = run_shell("scontrol show job " + next);
+  EXPECT_NE(r.output.find("ExcNodeList=" + host.substr(0, host.find('\n'))), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("NumTasks=2"), std::string::npos) << r.output;
+  run_shell("scancel " + next);
+  EXPECT_TRUE(std::filesystem::exists(fs::path(run) / "checkpoints/step_00000020")) << out;
 }
 
 // scripts/slurm/prepare.sbatch as the docs run it: a job array of 3 tasks, each preparing its part

@@ -97,8 +97,9 @@ TEST(Guard, ThresholdsAreStrictMultiplesOfTheMedian) {
 }
 
 // Replicas whose reduced gradients disagree: the step is skipped (a hardware_fault naming the
-// ranks outside the majority, none with two ranks), the guard's baselines do not move, and the
-// third such step within kHardwareFaultWindow attempts stops the run; faults further apart do not.
+// ranks outside the majority, none with two ranks, when every rank is a suspect), the guard's
+// baselines do not move, and a rank's second fault within kDeviceFaultWindow attempts stops the
+// run as a faulty device, naming it; faults further apart do not.
 TEST(Guard, ReplicasThatDisagreeSkipTheStepAndAFaultyDeviceStopsTheRun) {
   Guard g(test_config(), {"a", "b", "c", "d"});
   int64_t it = warm(g);
@@ -111,22 +112,45 @@ TEST(Guard, ReplicasThatDisagreeSkipTheStepAndAFaultyDeviceStopsTheRun) {
   ASSERT_EQ(kinds(d), (std::vector<std::string>{"hardware_fault"}));
   EXPECT_EQ(d.events[0].detail["ranks"], nlohmann::json::array({2}));
   EXPECT_NE(d.events[0].message.find("rank(s) [2]"), std::string::npos) << d.events[0].message;
-  s.iteration = it + kHardwareFaultWindow;  // the first has left the window
+  s.iteration = it + kDeviceFaultWindow;  // the first has left the window
   d = g.replicas_disagree(s, {1.0, 2.0});
   EXPECT_EQ(d.action, Action::kSkip);
   EXPECT_TRUE(d.events[0].detail["ranks"].empty()) << "two ranks: no majority, none blamed";
   EXPECT_EQ(g.grad_norm_median(), median);
   s.iteration += 1;
-  EXPECT_EQ(g.replicas_disagree(s, {1.0, 2.0}).action, Action::kSkip);
-  s.iteration += 1;
   d = g.replicas_disagree(s, {1.0, 2.0});
   EXPECT_EQ(d.action, Action::kAbort);
+  EXPECT_EQ(d.faulty_ranks, (std::vector<int64_t>{0, 1})) << "both suspects, twice each";
   EXPECT_NE(d.stop_message.find("a faulty device"), std::string::npos) << d.stop_message;
   // The count is part of the guard's state: a resume keeps it.
   Guard resumed(test_config(), {"a", "b", "c", "d"});
   resumed.load_state(g.state());
   s.iteration += 1;
   EXPECT_EQ(resumed.replicas_disagree(s, {1.0, 2.0}).action, Action::kAbort);
+}
+
+// A replay's verdict: a transient fault is on record and the run goes on; the same rank again
+// within the window is a faulty device, another rank is not; a persistent fault stops at once.
+TEST(Guard, DeviceFaultsFromAReplayCountPerRank) {
+  Guard g(test_config(), {"a", "b", "c", "d"});
+  const int64_t it = warm(g);
+  Decision d = g.device_fault(it, {1}, /*persistent=*/false, {{"cause", "not_reproduced"}}, "x");
+  EXPECT_EQ(d.action, Action::kApply) << "the step goes on with the replay's values";
+  ASSERT_EQ(kinds(d), (std::vector<std::string>{"hardware_fault"}));
+  EXPECT_EQ(d.events[0].detail["ranks"], nlohmann::json::array({1}));
+  EXPECT_EQ(d.events[0].message, "x");
+  EXPECT_EQ(g.device_fault(it + 5, {2}, false, {}, "y").action, Action::kApply);
+  d = g.device_fault(it + kDeviceFaultWindow - 1, {1}, false, {}, "z");
+  EXPECT_EQ(d.action, Action::kAbort);
+  EXPECT_EQ(d.faulty_ranks, std::vector<int64_t>{1});
+  EXPECT_NE(d.stop_message.find("rank 1 computed a wrong result 2 times"), std::string::npos)
+      << d.stop_message;
+
+  Guard fresh(test_config(), {"a", "b", "c", "d"});
+  d = fresh.device_fault(warm(fresh), {3}, /*persistent=*/true, {}, "w");
+  EXPECT_EQ(d.action, Action::kAbort);
+  EXPECT_EQ(d.faulty_ranks, std::vector<int64_t>{3});
+  EXPECT_NE(d.stop_message.find("every time"), std::string::npos) << d.stop_message;
 }
 
 // stability.update_gate device: the device refuses an update on pause_levels(), before the host

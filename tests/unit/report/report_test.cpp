@@ -219,6 +219,33 @@ TEST(RenderHtml, TheLrPlotMarksAScheduleBackoff) {
   EXPECT_NE(html.find(">schedule_backoff<"), std::string::npos);
 }
 
+// Machine faults get a section of their own: each one's step, rank and host, what the check
+// found and what became of the step; a run without any says so.
+TEST(RenderHtml, MachineFaultsHaveASectionNamingRankAndHost) {
+  const ScratchDir dir("report_machine");
+  write(dir.path() / "metrics.jsonl", "{\"step\":1,\"loss\":5.0,\"lr\":0.001}\n");
+  write(dir.path() / "events.jsonl",
+        "{\"step\":30,\"kind\":\"hardware_fault\",\"iteration\":30,\"detail\":{\"cause\":"
+        "\"not_reproduced\",\"ranks\":[1],\"hosts\":[\"n0 cuda:0\",\"n7 cuda:1\"],"
+        "\"seconds\":0.25}}\n"
+        "{\"step\":41,\"kind\":\"hardware_fault\",\"iteration\":41,\"detail\":{\"cause\":"
+        "\"persistent\",\"ranks\":[1],\"hosts\":[\"n0 cuda:0\",\"n7 cuda:1\"]}}\n");
+  const std::string html = render_html(load_run(dir.str()));
+  const size_t at = html.find("<section id=\"machine\">");
+  ASSERT_NE(at, std::string::npos);
+  const std::string section = html.substr(at, html.find("</section>", at) - at);
+  EXPECT_NE(section.find("2 faults"), std::string::npos) << section;
+  EXPECT_EQ(count(section, "(n7 cuda:1)"), 2u) << section;
+  EXPECT_NE(section.find("redone from the replay"), std::string::npos) << section;
+  EXPECT_NE(section.find("saved, then the run stopped"), std::string::npos) << section;
+  EXPECT_NE(section.find("0.250 s"), std::string::npos) << section;
+
+  const ScratchDir none("report_no_machine");
+  write(none.path() / "metrics.jsonl", "{\"step\":1,\"loss\":5.0,\"lr\":0.001}\n");
+  EXPECT_NE(render_html(load_run(none.str())).find("<h2>Machine faults</h2>\n<p>None on record"),
+            std::string::npos);
+}
+
 TEST(LoadRun, MalformedLinesAreSkippedAndCounted) {
   const ScratchDir dir("report_malformed");
   write(

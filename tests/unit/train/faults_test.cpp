@@ -51,5 +51,30 @@ TEST(FaultInjector, GradGrowthRampsToItsFactorOverTheRegion) {
   EXPECT_DOUBLE_EQ(faults.gradient_growth(14), 1.0);  // over: back to the real gradients
 }
 
+// corrupt_grad strikes its iterations once: a replay of the step computes it right, unless the
+// fault is persistent (the device is wrong every time). Its factor defaults to one far past any
+// alarm. A nan_grad comes back in a replay (the step's own values make it); nothing else does.
+TEST(FaultInjector, CorruptGradStrikesOnceUnlessPersistent) {
+  auto once = fault(config::FaultKind::kCorruptGrad, 10, 2);
+  auto always = fault(config::FaultKind::kCorruptGrad, 20, 1);
+  always.persistent = true;
+  always.factor = -3.0;
+  FaultInjector faults({once, always}, 1, 64, 1);
+  EXPECT_EQ(faults.gradient_corruption(9, false), 1.0);
+  EXPECT_EQ(faults.gradient_corruption(10, false), config::kCorruptGradFactor);
+  EXPECT_EQ(faults.gradient_corruption(11, false), config::kCorruptGradFactor);
+  EXPECT_EQ(faults.gradient_corruption(11, /*replay=*/true), 1.0);
+  EXPECT_EQ(faults.gradient_corruption(12, false), 1.0);
+  EXPECT_EQ(faults.gradient_corruption(20, false), -3.0);
+  EXPECT_EQ(faults.gradient_corruption(20, /*replay=*/true), -3.0);
+
+  auto nan = fault(config::FaultKind::kNanGrad, 5, 1);
+  FaultInjector nan_faults({nan}, 1, 64, 1);
+  auto p = torch::zeros({3}, torch::requires_grad());
+  p.mutable_grad() = torch::ones({3});
+  nan_faults.after_backward(5, {p}, /*replay=*/true);
+  EXPECT_TRUE(p.grad().isnan().all().item<bool>()) << "a NaN the step makes comes back";
+}
+
 }  // namespace
 }  // namespace keel::train
