@@ -25,6 +25,10 @@ Parts (--only, repeatable):
   false-alarms  clean runs over several seeds, tiny (synthetic) and the tiny and fortunes configs
                 on two real corpora (fortunes prose, Python's standard library source), with the
                 false-alarm rate of each signal per 10,000 steps after warmup
+  machine       issue 48's machine faults: a device's wrong gradient once (corrupt_grad) on one
+                process and on rank 1 of 2, twice, every time (persistent, 2 ranks), and a flipped
+                bit in one rank's weights (flip_bit, 3 ranks): what was named, the final val
+                against the clean run of the same layout, the exit code, and the replay's cost
   lr            issue 47's sweep: the tiny config on two real corpora (fortunes prose, Python's
                 standard library source) at its peak lr times 1, 3, 10 and 30, each as the old
                 defaults unprotected (no q/k norms), the new defaults (model.qk_norm auto: on for
@@ -91,7 +95,7 @@ TEN_INCIDENTS = [
 ]
 
 ALL_PARTS = ["regions", "numeric", "incidents", "repeats", "accumulation", "text",
-             "false-alarms", "lr"]
+             "false-alarms", "lr", "machine"]
 
 # A set of documents coming back on a schedule: step 100's micro-batch returns every 10 steps.
 REPEATS = {"kind": "repeat_data", "at_step": 100, "steps": 200, "period": 10}
@@ -127,7 +131,10 @@ def finished_run(run_dir):
     events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
     if any(e["kind"] == "run_end" for e in events):
         return 0
-    return 3 if any(e["kind"] == "abort" for e in events) else None
+    aborts = [e for e in events if e["kind"] == "abort"]
+    if aborts:
+        return 4 if aborts[-1]["detail"].get("reason") == "faulty_device" else 3
+    return None
 
 
 # --jobs: a first pass of this script with PLAN_ENV naming a file records every run it would
@@ -157,7 +164,8 @@ def train_planned(keel, plan, jobs):
             runs.append(r)
 
     def one(r):
-        train(keel, r["run_dir"], r["sets"] + ["run.threads=1"], r["config"])
+        train(keel, r["run_dir"], r["sets"] + ["run.threads=1"], r["config"],
+              ranks=r.get("ranks", 1))
         return r["run_dir"]
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -165,12 +173,14 @@ def train_planned(keel, plan, jobs):
             print(f"   [{n}/{len(runs)}] {os.path.basename(run_dir)}", file=sys.stderr, flush=True)
 
 
-def train(keel, run_dir, sets, config=None, reuse=False):
+def train(keel, run_dir, sets, config=None, reuse=False, ranks=1):
     if os.environ.get(PLAN_ENV):
         with open(os.environ[PLAN_ENV], "a") as f:
-            f.write(json.dumps({"run_dir": run_dir, "sets": sets, "config": config}) + "\n")
+            f.write(json.dumps({"run_dir": run_dir, "sets": sets, "config": config,
+                                "ranks": ranks}) + "\n")
         return planned_result()
-    cmd = [keel, "train"] + ([config] if config else []) + ["--run-dir", run_dir]
+    launch = ["launch", "--nproc", str(ranks), "--"] if ranks > 1 else []
+    cmd = [keel] + launch + ["train"] + ([config] if config else []) + ["--run-dir", run_dir]
     for s in MEASURE + sets:
         cmd += ["--set", s]
     code = finished_run(run_dir) if reuse and os.path.isdir(run_dir) else None
@@ -217,6 +227,10 @@ def train(keel, run_dir, sets, config=None, reuse=False):
         "accum": accum,
         "accum_changes": sum(1 for e in events if e["kind"] == "grad_accum"),
         "backoffs": sum(1 for e in events if e["kind"] == "schedule_backoff"),
+        "machine": [e for e in events if e["kind"] == "hardware_fault"],
+        "replay_s": [e["detail"]["replay_s"] for e in events if "replay_s" in e.get("detail", {})] +
+                    [e["detail"]["seconds"] for e in events
+                     if e["kind"] == "hardware_fault" and "seconds" in e["detail"]],
         "final_lr": next((m["lr"] for m in reversed(read_jsonl(
             os.path.join(run_dir, "metrics.jsonl"))) if "lr" in m), None),
         "tail": proc.stdout[-3000:],
@@ -490,10 +504,10 @@ def main():
         checks.append((name, passed, detail))
         print(f"{'PASS' if passed else 'FAIL'} {name}: {detail}", file=sys.stderr, flush=True)
 
-    def go(name, sets, config=None):
+    def go(name, sets, config=None, ranks=1):
         print(f"-- {name}", file=sys.stderr, flush=True)
         r = train(keel, os.path.join(work, name.replace("/", "_").replace("%", "pct")), sets,
-                  config, reuse=bool(args.reuse))
+                  config, reuse=bool(args.reuse), ranks=ranks)
         print(f"   exit {r['exit']} val {fmt_val(r['final_val'])} rollbacks {r['rollbacks']} "
               f"screened {r['screened']} {story(r)}", file=sys.stderr, flush=True)
         return r
@@ -526,6 +540,8 @@ def main():
         if "false-alarms" in parts:
             code = prepare_code(keel, work)
             sections.append(false_alarm_section(go, check, fortunes, code, args, raw))
+        if "machine" in parts:
+            sections.append(machine_section(go, check, raw))
         if "lr" in parts:
             corpora = {"fortunes": fortunes, "Python source": prepare_code(keel, work)}
             sections.append(lr_section(go, check, {k: corpora[k] for k in args.lr_corpora},
@@ -679,6 +695,71 @@ def incidents_section(go, check, clean, raw):
         f"(at most {p['max_rollbacks_per_incident']} per incident), {screens} screened step(s), "
         f"{len(p['quarantine'])} samples quarantined, {p['redone']} steps redone.", "",
         "Story: " + story(p), ""])
+
+
+# Machine faults (issue 48): (name, ranks, faults, what the run must show). The clean run of each
+# layout is the reference.
+CORRUPT_ONCE = {"kind": "corrupt_grad", "at_step": 200, "rank": 0}
+MACHINE = [
+    ("corrupt_grad once", 1, [CORRUPT_ONCE], "named"),
+    ("corrupt_grad once, rank 1 of 2", 2, [dict(CORRUPT_ONCE, rank=1)], "named"),
+    ("corrupt_grad twice", 1, [CORRUPT_ONCE, dict(CORRUPT_ONCE, at_step=260)], "stops"),
+    ("corrupt_grad every time, rank 1 of 2", 2, [dict(CORRUPT_ONCE, rank=1, persistent="true")],
+     "stops"),
+    ("flip_bit, rank 2 of 3", 3, [{"kind": "flip_bit", "at_step": 200, "rank": 2}], "restored"),
+]
+
+
+def machine_section(go, check, raw):
+    lines = ["## Machine faults", "",
+             "A device that computes wrong, the data clean (issue 48). `corrupt_grad` multiplies one "
+             "rank's gradient by 1000 (once, or every time: `persistent`); `flip_bit` flips a "
+             "mantissa bit (2^-7 of the value) of one weight in one rank's copy after an update. Each against the clean "
+             "run of the same number of ranks (`keel launch --nproc N`), protected (defaults) and "
+             "unprotected (`stability.enabled=false`).", "",
+             "| fault | ranks | clean val | unprotected (gap) | protected (gap) | exit | named | "
+             "quarantined | replay |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    cleans = {}
+    for name, ranks, faults, expect in MACHINE:
+        if ranks not in cleans:
+            cleans[ranks] = go(f"machine/clean_{ranks}", [], ranks=ranks)
+            raw[f"machine/clean_{ranks}"] = cleans[ranks]
+        clean = cleans[ranks]
+        fault = faults_arg(faults)
+        key = name.replace(" ", "_").replace(",", "")
+        u = go(f"machine/{key}/unprotected", [fault, "stability.enabled=false"], ranks=ranks)
+        p = go(f"machine/{key}/protected", [fault], ranks=ranks)
+        raw[f"machine/{key}/unprotected"], raw[f"machine/{key}/protected"] = u, p
+        named = sorted({r for e in p["machine"] for r in e["detail"].get("ranks", [])})
+        causes = sorted({e["detail"].get("cause", "") for e in p["machine"]})
+        if expect == "named":
+            ok = (p["exit"] == 0 and p["final_val"] == clean["final_val"] and
+                  not p["quarantine"] and len(p["machine"]) == 1)
+        elif expect == "stops":
+            ok = p["exit"] == 4 and len(p["machine"]) >= 1 and not p["quarantine"]
+        else:
+            ok = (p["exit"] == 0 and len(p["machine"]) == 1 and named == [2] and
+                  not p["quarantine"] and p["final_val"] == clean["final_val"])
+        check(f"machine: {name}", ok,
+              f"exit {p['exit']}, val {fmt_val(p['final_val'])} vs clean "
+              f"{fmt_val(clean['final_val'])}, named {named} ({', '.join(causes)}), "
+              f"{len(p['quarantine'])} quarantined")
+        step_s = (clean["seconds"] / clean["iterations"]) if clean["seconds"] else None
+        replay = ("-" if not p["replay_s"] else
+                  f"{max(p['replay_s']):.3f} s" +
+                  (f" ({max(p['replay_s']) / step_s:.1f} steps)" if step_s else ""))
+        lines.append(
+            f"| `{fault}` | {ranks} | {fmt_val(clean['final_val'])} | {fmt_val(u['final_val'])} "
+            f"({gap(u['final_val'], clean['final_val'])}) | {fmt_val(p['final_val'])} "
+            f"({gap(p['final_val'], clean['final_val'])}) | {p['exit']} | "
+            f"{', '.join(map(str, named)) or '-'} ({', '.join(causes) or '-'}) | "
+            f"{len(p['quarantine'])} | {replay} |")
+    lines += ["", "\"replay\": the longest replay of the run (the step computed again, one rank on "
+              "under several ranks), in seconds and in mean steps of the clean run; it runs only on "
+              "an alarm and once at each start (the run's own noise: exact here, so a replay's "
+              "parts must match to the bit).", ""]
+    return "\n".join(lines)
 
 
 def repeats_section(go, check, clean, raw):

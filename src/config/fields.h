@@ -141,6 +141,7 @@ void visit(V& v, StabilityConfig& c) {
   v.section("recovery", c.recovery);
   v.field("top_k_samples", c.top_k_samples);
   v.field("update_gate", c.update_gate);
+  v.field("replica_check_every", c.replica_check_every);
 }
 template <class V>
 void visit(V& v, StableConfig& c) {

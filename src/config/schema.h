@@ -72,10 +72,12 @@ enum class FaultKind {
   kHang,
   kRepeatData,
   kGradGrowth,
-  kCorruptGrad
+  kCorruptGrad,
+  kFlipBit
 };
 KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
-            "crash", "splice_data", "hang", "repeat_data", "grad_growth", "corrupt_grad");
+            "crash", "splice_data", "hang", "repeat_data", "grad_growth", "corrupt_grad",
+            "flip_bit");
 enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
 KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
 // stability.screen.low: what becomes of samples far below the baseline, or repeating content
@@ -248,6 +250,9 @@ struct StabilityConfig {
   RecoveryConfig recovery;
   int64_t top_k_samples = 8;
   UpdateGate update_gate = UpdateGate::kDevice;
+  // Ranks that hold the same weights (replicated, ZeRO-1/2; and the optimizer state, replicated)
+  // compare a fingerprint of them every N applied steps and before each checkpoint (0: never).
+  int64_t replica_check_every = 100;
   bool operator==(const StabilityConfig&) const = default;
 };
 

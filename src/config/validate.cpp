@@ -328,6 +328,7 @@ void check_stability(Checker& c, const StabilityConfig& s) {
   c.auto_or_at_least("stability.recovery.steps", s.recovery.steps, 0);
   c.in_range("stability.recovery.lr_factor", s.recovery.lr_factor, 0, 1, Ends::kOpenLow);
   c.at_least("stability.top_k_samples", s.top_k_samples, 0);
+  c.at_least("stability.replica_check_every", s.replica_check_every, 0);
 }
 
 void check_periodic(Checker& c, const Config& cfg) {

@@ -140,6 +140,19 @@ void FaultInjector::after_backward(int64_t iteration, const std::vector<torch::T
   }
 }
 
+void FaultInjector::after_update(int64_t iteration,
+                                 const std::vector<torch::Tensor>& weights) const {
+  for (const auto& f : faults_)
+    if (f.kind == config::FaultKind::kFlipBit && active(f, iteration) && !weights.empty() &&
+        weights.front().scalar_type() == torch::kFloat) {
+      torch::NoGradGuard no_grad;
+      log::warn("faults", "flip_bit fault at iteration {}: one bit of a weight flips", iteration);
+      // Mantissa bit 16: the weight moves by 2^-7 of itself at most. (Its lowest bit can be
+      // rounded away by the next update, leaving nothing to find.)
+      weights.front().detach().view({-1}).view(torch::kInt32).narrow(0, 0, 1).bitwise_xor_(1 << 16);
+    }
+}
+
 bool FaultInjector::touches_gradients(int64_t iteration) const {
   for (const auto& f : faults_)
     if (f.kind == config::FaultKind::kNanGrad && active(f, iteration)) return true;

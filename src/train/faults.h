@@ -19,6 +19,10 @@
 //                  computes wrong would make it, in iterations [at_step, at_step+steps). Once per
 //                  iteration: a replay of the step (train/replay.h) computes it right, unless the
 //                  fault is `persistent` (the device is wrong every time).
+//   flip_bit       after the update of iteration at_step, a mantissa bit of this rank's first
+//                  weight flips (2^-7 of its value), as a memory error would: a replica that no
+//                  longer holds what the others hold, which only the replicas' comparison
+//                  (stability.replica_check_every) sees.
 //   nan_grad, lr_spike, crash, hang
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
@@ -72,6 +76,8 @@ class FaultInjector {
   // comes back when they are computed again; a crash or a hang has happened already).
   void after_backward(int64_t iteration, const std::vector<torch::Tensor>& params,
                       bool replay = false) const;
+  // flip_bit: after the update of `iteration`, flips a bit of the first of `weights`.
+  void after_update(int64_t iteration, const std::vector<torch::Tensor>& weights) const;
   // after_backward changes the gradients of `iteration` (so they must not be all-reduced before
   // it runs).
   bool touches_gradients(int64_t iteration) const;

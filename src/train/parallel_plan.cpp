@@ -40,6 +40,20 @@ torch::Tensor local_norms(const std::vector<torch::Tensor>& tensors) {
   return torch::stack(torch::_foreach_norm(tensors));
 }
 
+// Each tensor's fp64 sum and L2 norm, (2k) fp64: equal on ranks that hold equal tensors, and
+// moved by a single flipped bit (in fp64, the change of one fp32 element is far above the
+// rounding of the sum).
+torch::Tensor fingerprint_of(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.is_floating_point()) continue;
+    parts.push_back(t.detach().sum(torch::kFloat64).reshape({1}));
+    parts.push_back(
+        at::linalg_vector_norm(t.detach(), 2, c10::nullopt, false, torch::kFloat64).reshape({1}));
+  }
+  return torch::cat(parts);
+}
+
 // The sum of the squares of the gradients that `params` hold (() fp64).
 torch::Tensor square_of_grads(const std::vector<torch::Tensor>& params) {
   distributed::LocalSquare sum;
@@ -113,6 +127,14 @@ class Replicated final : public WholeWeights {
   }
   const std::vector<torch::Tensor>& gradients() override { return params_; }
   torch::Tensor param_grad_norms() override { return optim::per_param_grad_norms(params_); }
+
+  torch::Tensor replica_fingerprint() const override {
+    if (!comm_.is_process_group()) return {};
+    std::vector<torch::Tensor> held = params_;
+    for (const auto& [name, t] : optimizer_->state_dict())
+      held.push_back(t.to(params_[0].device()));
+    return fingerprint_of(held);
+  }
 
   // A sharded state's own part covers this rank's whole state only when it is the one rank.
   bool optimizer_state_covered_by(const checkpoint::TensorMap&) const override {
@@ -190,6 +212,10 @@ class ShardedOptimizer final : public WholeWeights {
   }
   void load_optimizer_state(const checkpoint::TensorMap& state) override {
     optimizer_->load_state_dict(state);
+  }
+  // The weights alone: each rank's optimizer state is its own part.
+  torch::Tensor replica_fingerprint() const override {
+    return reducer_ ? fingerprint_of(params_) : torch::Tensor();
   }
 
  private:

@@ -73,6 +73,12 @@ class ParallelPlan {
   virtual const std::vector<torch::Tensor>& updated_weights() = 0;
   virtual torch::Tensor param_norms(const std::vector<torch::Tensor>& like_weights) = 0;
 
+  // ---- replicas
+  // What this rank holds that every rank holds the same (the weights, replicated or under
+  // ZeRO-1/2, and a replicated optimizer state): each tensor's fp64 sum and L2 norm, (2k) fp64 on
+  // the device. Undefined where nothing is replicated (one process, ZeRO-3).
+  virtual torch::Tensor replica_fingerprint() const { return {}; }
+
   // ---- checkpoints
   // The weights as this rank holds them: whole by name, or its parts by name and position
   // (checkpoint/weight_parts.h).

@@ -176,6 +176,22 @@ void Recovery::back_off(const guard::Backoff& b) {
             peak * b.to_scale, b.number, guard::kMaxBackoffs);
 }
 
+std::string Recovery::restore_replicas() {
+  TrainCounters& counters = *p_.counters;
+  auto target = p_.checkpointer->load_newest(checkpoint::Pointer::kLatest);
+  if (!target)
+    throw RunStopped(fmt::format(
+        "at step {} the ranks' copies of the weights differ, and no checkpoint exists to restore "
+        "them from",
+        counters.step));
+  const int64_t iteration = counters.iteration;
+  p_.restore(target->data, /*restore_data=*/true);
+  counters.catch_up_iteration(iteration);  // attempts only move forward
+  p_.checkpointer->abandon_after(counters.step);
+  p_.files->replay_from(counters.step + 1);
+  return target->path.string();
+}
+
 void Recovery::begin_resume(const fs::path& snapshot, const std::string& reason,
                             const std::optional<Heartbeat>& crash, ResumeData data) {
   const config::Config& cfg = *p_.cfg;

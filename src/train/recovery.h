@@ -84,6 +84,11 @@ class Recovery {
   // the newer checkpoints abandoned, the record replayed from the snapshot's step, the lowered
   // peak in force. RunStopped when there is no stable snapshot.
   void back_off(const guard::Backoff& b);
+  // Ranks whose copies of the weights should be equal were not (a device's memory or update went
+  // wrong): every rank restores the newest checkpoint (saved when they agreed) with its data
+  // position: the data was not at fault and is replayed; the newer checkpoints are abandoned and
+  // the record replayed from its step. Returns its path; RunStopped when there is none.
+  std::string restore_replicas();
   // A resume that is a recovery (from `snapshot`, just restored): the newest timeline after it
   // (its newest checkpoint, or `crash` if that got further) abandoned, its data set aside or
   // replayed as `data` says, and the recovery overlay started.

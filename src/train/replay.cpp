@@ -8,6 +8,9 @@
 #include <set>
 
 #include <fmt/ranges.h>
+#include <xxhash.h>
+
+#include <map>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -314,6 +317,63 @@ ReplayOutcome Trainer::State::replay_before_blame(const StepResult& r, const Hos
   record_events(d);
   outcome.redo = std::move(replayed);
   return outcome;
+}
+
+// stability.replica_check_every: the ranks that should hold the same weights (and optimizer state)
+// compare a fingerprint of them. Ranks outside the majority (every rank, without one) have a
+// device whose memory or update went wrong: a hardware_fault names them, and every rank restores
+// the newest checkpoint (saved when they agreed), its data replayed. Returns whether they agreed.
+bool Trainer::State::replicas_hold_the_same() {
+  const torch::Tensor mine = parallel->replica_fingerprint();
+  if (comm.world_size() == 1 || !mine.defined()) return true;
+  const auto all = comm.all_gather(mine.reshape({-1}))
+                       .reshape({comm.world_size(), -1})
+                       .to(torch::kCPU, torch::kFloat64)
+                       .contiguous();
+  std::vector<uint64_t> hashes;
+  std::map<uint64_t, int64_t> holders;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    hashes.push_back(XXH3_64bits(all[r].data_ptr<double>(), all.size(1) * sizeof(double)));
+    ++holders[hashes.back()];
+  }
+  if (holders.size() == 1) return true;
+  std::vector<int64_t> odd, named;
+  for (const auto& [hash, n] : holders)
+    if (2 * n > all.size(0))
+      for (int64_t r = 0; r < all.size(0); ++r)
+        if (hashes[r] != hash) named.push_back(r);
+  for (int64_t r = 0; r < all.size(0); ++r) odd.push_back(r);
+  if (!named.empty()) odd = named;
+  nlohmann::json prints = nlohmann::json::array();
+  for (uint64_t h : hashes) prints.push_back(fmt::format("{:016x}", h));
+  const std::string what = fmt::format(
+      "the ranks' copies of the weights should be equal and are not ({}): {}; every rank "
+      "restores the newest checkpoint, whose data is replayed (not blamed)",
+      prints.dump(),
+      named.empty() ? "no majority names the rank whose memory went wrong"
+                    : ranks_named(named, launch.rank_hosts) + " differ from the others");
+  nlohmann::json detail = {{"cause", "replicas_diverged"},
+                           {"hosts", launch.rank_hosts},
+                           {"fingerprints", prints},
+                           {"named", named}};
+  const auto restore = [&] {
+    const std::string path = defence.recovery->restore_replicas();
+    if (comm.is_main())
+      log::warn("replicas", "restored {} on every rank: training goes on from step {}", path,
+                counters.step);
+  };
+  if (!guard) {
+    detail["ranks"] = named;
+    event(guard::GuardEvent{EventKind::kHardwareFault, detail, what});
+    restore();
+    return false;
+  }
+  const guard::Decision d =
+      guard->device_fault(counters.iteration, odd, /*persistent=*/false, detail, what);
+  if (d.action != guard::Action::kAbort) record_events(d);
+  restore();  // before a faulty device's stop saves the weights
+  if (d.action == guard::Action::kAbort) stop_faulty_device(d);
+  return false;
 }
 
 // A device computes wrong: the last applied step (which no faulty device touched) is saved, the

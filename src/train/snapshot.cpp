@@ -121,6 +121,12 @@ void Trainer::State::maybe_checkpoint() {
     return;  // the end saves anyway
   const CheckpointCadence::Due due = saves.cadence.due(step);
   const bool stable_due = guard && due.stable_candidate;
+  // The replicas compare their copies every replica_check_every steps and before a save: a
+  // checkpoint holds what every rank agrees on, so that a divergence can go back to it.
+  const int64_t check_every = cfg.stability.enabled ? cfg.stability.replica_check_every : 0;
+  if (check_every > 0 && (step % check_every == 0 || due.save || stable_due) &&
+      !replicas_hold_the_same())
+    return;
   if (!due.save && !stable_due) return;
   save_checkpoint(stable_due && guard->promotable(step, saves.cadence.stable_window(),
                                                   cfg.checkpoint.stable.require_no_alarms));

@@ -329,6 +329,7 @@ std::vector<double> Trainer::State::finish_update(const StepResult& r, double lr
   // to be the model's own gradient scale): the skipped step left weights and state untouched, and
   // the gradients are still there.
   if (refused_on_device) parallel->optimizer().step(lr, u.found_inf);
+  launch.faults->after_update(counters.iteration, parallel->updated_weights());
   if (scaler) scaler->update(u.found_inf);
   parallel->optimizer().zero_grad();
   defence.grad_norm_window->push(r.grad_norm);

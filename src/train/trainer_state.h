@@ -115,6 +115,9 @@ struct Trainer::State {
   // measured; the samples are this rank's own, with the losses the replay gave them.
   StepResult replay_step(const StepResult& r, int64_t shift);
   [[noreturn]] void stop_faulty_device(const guard::Decision& d);
+  // stability.replica_check_every: whether the ranks' copies agree (when not: on record, and the
+  // newest checkpoint restored on every rank).
+  bool replicas_hold_the_same();
   void reject(const Verdict& v, const StepResult& r);
   // Clips and queues the update; `refuse` (the device's verdict) gates it.
   QueuedUpdate queue_update(const StepResult& r, double lr, bool log_step,

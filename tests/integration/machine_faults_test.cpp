@@ -123,6 +123,31 @@ TEST(MachineFaults, ASecondFaultOfTheSameDeviceWithinTheWindowStopsTheRun) {
       << r.output;
 }
 
+// A bit of one rank's weights flips (a memory error): training barely notices, the replicas'
+// comparison does. With three ranks the majority names rank 2; every rank restores the newest
+// checkpoint (saved when they agreed) and replays the data, so the run ends as the clean one.
+TEST(MachineFaults, AReplicaWhoseWeightsDivergedIsNamedAndEveryRankRestores) {
+  const std::string launch = "launch --nproc 3 -- ";
+  const std::string extra = " --set stability.replica_check_every=5";
+  ScratchDir clean("replicas_clean"), flipped("replicas_flipped");
+  auto r = run_keel(launch + run_args(clean, 30, extra));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel(launch + run_args(flipped, 30, extra) +
+               " --set 'faults=[{kind: flip_bit, at_step: 12, rank: 2}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto faults = events(flipped, "hardware_fault");
+  ASSERT_EQ(faults.size(), 1u) << r.output;
+  EXPECT_EQ(faults[0]["step"], 15) << "found at the next comparison";
+  EXPECT_EQ(faults[0]["detail"]["cause"], "replicas_diverged");
+  EXPECT_EQ(faults[0]["detail"]["ranks"], nlohmann::json::array({2}));
+  EXPECT_NE(r.output.find("checkpoints/step_00000010 on every rank"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(read_jsonl(flipped.path() / "quarantine.jsonl").empty());
+  const auto want = losses(clean), got = losses(flipped);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step;
+}
+
 // A bad batch is the data's on any device: the replay reproduces it, the guard quarantines as
 // before, no machine fault is named (under two ranks, where its rank's data is replayed on the
 // other).
