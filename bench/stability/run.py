@@ -150,7 +150,7 @@ def planned_result():
     r.update({"exit": 0, "final_val": 2.0, "events": [], "samples": [], "quarantine": [],
               "stable_every": 10, "checkpoint_every": 10, "warmup": 40, "steps": TINY_STEPS,
               "iterations": TINY_STEPS, "seconds": 1.0, "final_lr": 0.0, "tail": "",
-              "accum": []})
+              "accum": [], "machine": [], "replay_s": []})
     return r
 
 

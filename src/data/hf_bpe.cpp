@@ -153,13 +153,24 @@ class HfBpeTokenizer : public Tokenizer {
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path, const json& j,
                                const std::string& boundary_token)
     : path_(path) {
-  parse_normalizer(j.value("normalizer", json()));
-  parse_pre_tokenizer(j.value("pre_tokenizer", json()));
+  // A value of the wrong type deep in a section: the section named, not nlohmann's text alone.
+  const auto section = [this](const char* key, const auto& parse) {
+    try {
+      parse();
+    } catch (const json::exception& e) {
+      std::string what = e.what();
+      if (const auto close = what.find("] "); what.rfind("[json.", 0) == 0 && close != what.npos)
+        what = what.substr(close + 2);  // "[json.exception.type_error.302] type must be ..."
+      refuse_file(std::string("in \"") + key + "\": " + what);
+    }
+  };
+  section("normalizer", [&] { parse_normalizer(j.value("normalizer", json())); });
+  section("pre_tokenizer", [&] { parse_pre_tokenizer(j.value("pre_tokenizer", json())); });
   const json added = j.value("added_tokens", json::array());
   if (!added.is_array()) refuse_file("added_tokens is not a list");
   max_id_ = added.size() + kIdSlack;  // parse_model adds the vocabulary's size
-  parse_model(j.at("model"));
-  parse_added(added);
+  section("model", [&] { parse_model(j.at("model")); });
+  section("added_tokens", [&] { parse_added(added); });
   const json decoder = j.value("decoder", json());
   byte_level_decoder_ = decoder.dump().find("\"ByteLevel\"") != std::string::npos;
   choose_boundary(boundary_token);
@@ -575,9 +586,19 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path,
                                              const std::string& boundary_token) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot be read (expected a Hugging Face tokenizer.json)");
+  // A real tokenizer.json nests a handful of levels (a Sequence of normalizers holds objects
+  // holding lists); the pieces are walked recursively, so a file nested deeper is refused before.
+  constexpr int kMaxDepth = 64;
+  const json::parser_callback_t bounded = [&path](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth)
+      throw DataError(path + ": nested more than " + std::to_string(kMaxDepth) +
+                      " levels deep; a tokenizer.json nests a few (a damaged or hostile file?)\n"
+                      "HINT: use the tokenizer.json of the model's own repository");
+    return true;
+  };
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(in, bounded);
   } catch (const json::exception& e) {
     throw DataError(path + ": not valid JSON (" + e.what() + ")");
   }

@@ -50,11 +50,18 @@ std::string oniguruma_classes(const std::string& pattern) {
   return out;
 }
 
+// A pattern of a hostile file can be long: its start names it well enough.
+std::string shown(const std::string& pattern) {
+  return pattern.size() <= 200
+             ? pattern
+             : pattern.substr(0, 200) + "... (" + std::to_string(pattern.size()) + " bytes)";
+}
+
 }  // namespace
 
 // MULTILINE: Oniguruma's default (Ruby) syntax makes ^ and $ line anchors, and cl100k's pattern
 // ends a whitespace run at a line end with \s++$.
-HfRegex::HfRegex(const std::string& pattern, const std::string& where) {
+HfRegex::HfRegex(const std::string& pattern, const std::string& where) : where_(where) {
   const std::string translated = oniguruma_classes(pattern);
   int error = 0;
   PCRE2_SIZE offset = 0;
@@ -64,9 +71,21 @@ HfRegex::HfRegex(const std::string& pattern, const std::string& where) {
   if (!code_) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof message);
-    throw DataError(where + ": the pattern " + pattern +
+    throw DataError(where + ": the pattern " + shown(pattern) +
                     " cannot be compiled (PCRE2: " + reinterpret_cast<const char*>(message) +
                     " at offset " + std::to_string(offset) + ")");
+  }
+  // tokenizers splits around an empty match where keel's find_all steps over it: the pieces would
+  // differ, so a pattern that can match nothing at all is refused, not run differently.
+  uint32_t match_empty = 0;
+  pcre2_pattern_info(code_, PCRE2_INFO_MATCHEMPTY, &match_empty);
+  if (match_empty) {
+    pcre2_code_free(code_);
+    code_ = nullptr;
+    throw DataError(where + ": the pattern " + shown(pattern) +
+                    " can match the empty string, which the tokenizers library splits on and "
+                    "keel does not\nHINT: make every alternative match at least one character "
+                    "(+ instead of *)");
   }
   // Without the JIT (an architecture PCRE2 has none for) the interpreter gives the same matches.
   pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
@@ -97,8 +116,8 @@ void HfRegex::find_all(std::string_view text, std::vector<std::pair<size_t, size
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof message);
-      throw DataError(std::string("tokenizer regex: matching failed (PCRE2: ") +
-                      reinterpret_cast<const char*>(message) + ")");
+      throw DataError(where_ + ": the pattern gave up on a text of " + std::to_string(text.size()) +
+                      " bytes (PCRE2: " + reinterpret_cast<const char*>(message) + ")");
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data);
     const size_t begin = ovector[0], end = ovector[1];

@@ -27,11 +27,13 @@ class HfRegex {
   HfRegex& operator=(const HfRegex&) = delete;
 
   // Appends the [begin, end) byte ranges of the matches of `text` (valid UTF-8), left to right
-  // and never overlapping, as tokenizers' find_iter gives them. Thread-safe.
+  // and never overlapping, as tokenizers' find_iter gives them. Thread-safe. DataError naming
+  // the pattern's origin (`where`) when PCRE2 gives up on the text (its match limit).
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:
   pcre2_real_code_8* code_ = nullptr;
+  std::string where_;
 };
 
 // How a Split pre-tokenizer groups the matches and the text between them (tokenizers'

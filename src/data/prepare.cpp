@@ -83,6 +83,9 @@ std::string summary_text(const nlohmann::json& r) {
       "low_tail={} high_tail={}\n",
       lf["kept_range"].dump(), lf["removed"]["below_min"].dump(), lf["removed"]["above_max"].dump(),
       lf["removed"]["low_tail"].dump(), lf["removed"]["high_tail"].dump());
+  if (r.value("removed_too_long", int64_t{0}) > 0)
+    s += fmt::format("too long: removed {} document(s) over {} bytes, unread past that\n",
+                     r["removed_too_long"].dump(), r["max_document_bytes"].dump());
   if (r.contains("repetition_filter")) {
     const auto& rf = r["repetition_filter"];
     s += fmt::format(
@@ -181,6 +184,8 @@ namespace {
         fmt::format(", {} invalid record(s) skipped (the first: {})", d.invalid, d.first_invalid);
   if (d.exact_dups + d.near_dups > 0)
     why += fmt::format(", {} exact and {} near duplicate(s) removed", d.exact_dups, d.near_dups);
+  if (d.too_long > 0)
+    why += fmt::format(", {} longer than {} MiB removed", d.too_long, kMaxDocumentBytes >> 20);
   throw DataError(
       "prepare: no document is left to write (" + why + "), so no dataset was written\nHINT: " +
       (d.invalid > 0 ? "--text-field names the key (JSONL) or column (parquet) that holds the "
@@ -400,6 +405,8 @@ nlohmann::json make_report(const PrepareOptions& o, const std::vector<InputFile>
       {"near_duplicates", d.near_dups},
       {"removed_by_length", length_filter.removed()},
       {"removed_by_repetition", d.repeated + d.one_char},
+      {"removed_too_long", d.too_long},
+      {"max_document_bytes", kMaxDocumentBytes},
       {"documents_out", p.docs_out},
       {"tokens_out", p.tokens_out},
       {"bytes_in", d.bytes_in},

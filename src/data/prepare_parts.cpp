@@ -157,7 +157,7 @@ nlohmann::json write_part(const PrepareOptions& o, const std::vector<InputFile>&
           tokenize[i] = !duplicate && length >= o.length.min_length && length <= hard_max;
         }
         parallel_for(block.size(), threads, [&](size_t i) {
-          if (tokenize[i]) tokenizer->encode(block[i].text, b.tokens[i]);
+          if (tokenize[i]) encode_document(*tokenizer, block[i], mine, b.tokens[i]);
         });
         for (size_t i = 0; i < block.size(); ++i)
           writer.add(static_cast<uint32_t>(first + block[i].file), block[i], b.features[i],

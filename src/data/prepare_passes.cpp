@@ -17,6 +17,9 @@
 #include <thread>
 #include <unordered_set>
 
+#include <fmt/format.h>
+
+#include "common/error.h"
 #include "data/datatrove_minhash.h"
 #include "data/minhash.h"
 #include "data/provenance.h"
@@ -250,6 +253,20 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+void encode_document(const Tokenizer& tokenizer, const Document& doc,
+                     const std::vector<InputFile>& files, std::vector<uint32_t>& out) {
+  try {
+    tokenizer.encode(doc.text, out);
+  } catch (const DataError& e) {
+    const InputFile& f = files.at(static_cast<size_t>(doc.file));
+    throw DataError(fmt::format(
+        "{}:{}{}: this document cannot be tokenized: {}\nHINT: leave it out of the input (or "
+        "shorten it: --max-length drops documents longer than a length)",
+        f.path, f.parquet ? "row " : "", doc.line, doc.id.empty() ? "" : " (id " + doc.id + ")",
+        e.what()));
+  }
+}
+
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) {
   const int t = static_cast<int>(std::min<size_t>(n, std::max(threads, 1)));
   if (t <= 1) {
@@ -400,6 +417,10 @@ void compute_features(const PrepareOptions& o, const DocumentSigner& signer,
   const bool sign = o.near_dedup || o.cluster == ClusterBy::kMinHash;
   parallel_for(block.size(), threads, [&](size_t i) {
     DocumentFeatures& f = out[i];
+    if (block[i].oversized) {
+      f.verdict = kTooLong;
+      return;
+    }
     const auto why = repetition_verdict(o.repetition, block[i].text);
     if (!why.empty()) {
       f.verdict = why == "one_character" ? kOneChar : kRepeated;
@@ -434,7 +455,7 @@ uint8_t DedupDecider::decide(int64_t file, int64_t length, int64_t line, std::st
   sources_->add(line, id);
   uint8_t s = f.verdict;
   if (s != kKept) {
-    ++(s == kOneChar ? r_.one_char : r_.repeated);
+    ++(s == kTooLong ? r_.too_long : s == kOneChar ? r_.one_char : r_.repeated);
   } else if (o_.exact_dedup && !exact_seen_.insert(f.hash).second) {
     s = kExactDup;
     ++r_.exact_dups;
@@ -567,7 +588,7 @@ PackResult pack_pass(const PrepareOptions& o, const std::vector<InputFile>& file
         b.tokens.assign(b.docs.size(), {});
         parallel_for(b.docs.size(), threads, [&](size_t i) {
           if (kept(b.first_id + static_cast<int64_t>(i)))
-            tokenizer.encode(b.docs[i].text, b.tokens[i]);
+            encode_document(tokenizer, b.docs[i], files, b.tokens[i]);
         });
       },
       [&](Block& b) {

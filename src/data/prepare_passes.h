@@ -35,7 +35,8 @@ enum DocumentStatus : uint8_t {
   kExactDup = 1,
   kNearDup = 2,
   kRepeated = 3,
-  kOneChar = 4
+  kOneChar = 4,
+  kTooLong = 5  // past kMaxDocumentBytes (text_input.h): never held whole
 };
 
 // Pass 1's decisions, by document (in input order, the id pass 2 and the shards use).
@@ -44,7 +45,7 @@ struct DedupResult {
   std::vector<int64_t> lengths;                // bytes
   std::vector<uint32_t> clusters;              // --cluster's id of each document
   std::vector<int64_t> file_first, file_docs;  // per input file: first document id, documents
-  int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0;
+  int64_t exact_dups = 0, near_dups = 0, repeated = 0, one_char = 0, too_long = 0;
   int64_t bytes_in = 0, invalid = 0, candidates_checked = 0;
   std::string first_invalid;
   std::vector<int64_t> invalid_records;  // their positions among the records read (ReaderStats)
@@ -58,8 +59,8 @@ struct DedupResult {
 // What pass 1 computes of a document before deciding anything: on any thread, and (for --task) kept
 // in a part for the merge to decide on.
 struct DocumentFeatures {
-  uint8_t verdict = kKept;          // the repetition filter's: kKept, kRepeated or kOneChar
-  uint64_t hash = 0;                // normalized_hash of the text; 0 when the verdict removed it
+  uint8_t verdict = kKept;  // kTooLong, or the repetition filter's: kKept, kRepeated or kOneChar
+  uint64_t hash = 0;        // normalized_hash of the text; 0 when the verdict removed it
   std::vector<uint32_t> signature;  // MinHash, when near dedup or --cluster minhash wants it and
                                     // the text has shingles; else empty
 };
@@ -188,6 +189,10 @@ double cpu_seconds();                         // of this process so far
 
 // Runs fn(i) for i in [0, n) on up to `threads` threads.
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn);
+// Tokenizes `doc` of `files`; a DataError of the tokenizer's (a regex that gives up on the text)
+// comes back naming the document: its file and line (parquet: row) and id.
+void encode_document(const Tokenizer& tokenizer, const Document& doc,
+                     const std::vector<InputFile>& files, std::vector<uint32_t>& out);
 
 // What prepare.cpp shares with a merge of parts (prepare_parts.cpp): the tokenizer of the
 // dataset, made (and its model file copied) into o.output, and the reports and meta.json

@@ -248,15 +248,21 @@ bool DocumentReader::open_next_file() {
 
 bool DocumentReader::read_line(std::string& line) {
   line.clear();
+  line_cut_ = false;
+  const auto keep = [&](size_t from, size_t n) {  // what fits under the cap, the rest skipped
+    const size_t room = kMaxDocumentBytes + 1 - std::min(line.size(), kMaxDocumentBytes + 1);
+    if (n > room) line_cut_ = true;
+    line.append(buffer_, from, std::min(n, room));
+  };
   while (true) {
     size_t nl = buffer_.find('\n', buffer_pos_);
     if (nl != std::string::npos) {
-      line.append(buffer_, buffer_pos_, nl + 1 - buffer_pos_);
+      keep(buffer_pos_, nl + 1 - buffer_pos_);
       buffer_pos_ = nl + 1;
       ++line_no_;
       return true;
     }
-    line.append(buffer_, buffer_pos_, std::string::npos);
+    keep(buffer_pos_, buffer_.size() - buffer_pos_);
     buffer_.clear();
     buffer_pos_ = 0;
     if (eof_) {
@@ -271,6 +277,21 @@ bool DocumentReader::read_line(std::string& line) {
   }
 }
 
+namespace {
+
+// Appends `line` to the document, or drops its text once it passes kMaxDocumentBytes.
+void add_line(Document& doc, const std::string& line, bool line_cut) {
+  if (doc.oversized) return;
+  if (line_cut || doc.text.size() + line.size() > kMaxDocumentBytes) {
+    doc.oversized = true;
+    std::string().swap(doc.text);
+    return;
+  }
+  doc.text += line;
+}
+
+}  // namespace
+
 bool DocumentReader::next(Document& doc) {
   std::string line;
   while (true) {
@@ -280,8 +301,15 @@ bool DocumentReader::next(Document& doc) {
     doc.text.clear();
     doc.id.clear();
     doc.json_record = false;
+    doc.oversized = false;
     if (f.parquet) {
-      if (parquet_->next(doc.text, doc.id, doc.line)) return true;
+      if (parquet_->next(doc.text, doc.id, doc.line)) {
+        if (doc.text.size() > kMaxDocumentBytes) {
+          doc.oversized = true;
+          std::string().swap(doc.text);
+        }
+        return true;
+      }
       if (parquet_->null_rows() > 0 && invalid_ == 0)
         first_invalid_ = f.path + ": a row whose '" + options_.text_field + "' is null";
       invalid_ += parquet_->null_rows();
@@ -290,6 +318,11 @@ bool DocumentReader::next(Document& doc) {
       continue;
     } else if (f.jsonl) {
       while (read_line(line)) {
+        if (line_cut_) {  // too long to be kept: dropped unparsed
+          doc.line = line_no_;
+          doc.oversized = true;
+          return true;
+        }
         if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
         doc.text = std::move(line);
         line = std::string();
@@ -302,7 +335,7 @@ bool DocumentReader::next(Document& doc) {
       }
     } else if (options_.separator.empty()) {
       doc.line = 1;
-      while (read_line(line)) doc.text += line;
+      while (read_line(line)) add_line(doc, line, line_cut_);
       stream_.reset();
       return true;
     } else {
@@ -317,7 +350,7 @@ bool DocumentReader::next(Document& doc) {
         }
         if (!any) doc.line = line_no_;
         any = true;
-        doc.text += line;
+        add_line(doc, line, line_cut_);
       }
       if (any) return true;
     }

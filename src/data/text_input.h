@@ -14,6 +14,13 @@ namespace keel::data {
 
 class ParquetRows;
 
+// A document longer than this is never held whole: its reader keeps reading to its end without
+// keeping it, and prepare drops it and counts it (report.json's removed_too_long). Real text is far
+// shorter (a long book is a few MB); the per-document filters take memory in proportion to the
+// document (the repetition filter 16 bytes a byte), so one decompression bomb's line could
+// otherwise take the machine down.
+inline constexpr size_t kMaxDocumentBytes = size_t{16} << 20;
+
 struct InputOptions {
   // auto|text|jsonl|parquet; auto: .jsonl/.ndjson (+.gz/.zst) are JSONL, .parquet (or a file that
   // starts with parquet's magic) parquet, the rest text
@@ -44,6 +51,7 @@ struct Document {
                      // parquet its 0-based row
   std::string id;    // JSONL, parquet: the record's id field (a string, or a number as written)
   bool json_record = false;  // `text` is still a JSONL line (a reader that defers parsing)
+  bool oversized = false;    // longer than kMaxDocumentBytes: `text` is empty, the document dropped
 };
 
 // Parses a JSONL line a reader deferred (Document::json_record) in place: text and id from their
@@ -67,7 +75,9 @@ class DocumentReader {
   const std::string& first_invalid() const { return first_invalid_; }
 
  private:
-  bool read_line(std::string& line);  // false at the end of the current file
+  // False at the end of the current file; a line past kMaxDocumentBytes is read to its end and
+  // cut there (line_cut_).
+  bool read_line(std::string& line);
   bool open_next_file();
 
   class Stream;
@@ -80,6 +90,7 @@ class DocumentReader {
   std::string buffer_;
   size_t buffer_pos_ = 0;
   bool eof_ = true;
+  bool line_cut_ = false;
   bool defer_json_ = false;
 };
 

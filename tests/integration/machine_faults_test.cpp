@@ -71,9 +71,11 @@ TEST(MachineFaults, UnderTwoRanksTheRankThatComputedWrongIsNamed) {
   expect_one_off_fault_is_the_machines("launch --nproc 2 -- ", 1, "");
 }
 
-TEST(MachineFaults, UnderZeroThreeWithAccumulationTheRankIsNamedToo) {
-  expect_one_off_fault_is_the_machines("launch --nproc 2 -- ", 1,
-                                       " --set distributed.zero=3 --set data.grad_accum_steps=2");
+TEST(MachineFaults, UnderZeroTwoAndThreeWithAccumulationTheRankIsNamedToo) {
+  for (const char* zero : {"2", "3"})
+    expect_one_off_fault_is_the_machines(
+        "launch --nproc 2 -- ", 1,
+        std::string(" --set data.grad_accum_steps=2 --set distributed.zero=") + zero);
 }
 
 // A device wrong every time: its data computes right on the other rank, its replay of the other

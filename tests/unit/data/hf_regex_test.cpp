@@ -68,6 +68,28 @@ TEST(HfRegex, APatternPcre2RefusesNamesWhereItCameFrom) {
   }
 }
 
+// Issue 49: a pattern that can match the empty string splits differently in tokenizers (it splits
+// at every empty match) and is refused; a long pattern of a hostile file is named by its start.
+TEST(HfRegex, APatternThatCanMatchNothingIsRefusedAndALongOneIsShownShort) {
+  for (const char* empty : {"x*", "a|", "(?=b)", "\\s*$"}) {
+    try {
+      HfRegex re(empty, "tok.json: pre_tokenizer Split");
+      FAIL() << empty << " compiled";
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("can match the empty string"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(HfRegex("x+|\\s+(?!\\S)", "t"));
+  try {
+    HfRegex re(std::string(140000, '('), "tok.json: pre_tokenizer Split");
+    FAIL() << "compiled";
+  } catch (const DataError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 600u);
+    EXPECT_NE(std::string(e.what()).find("(140000 bytes)"), std::string::npos);
+  }
+}
+
 TEST(HfRegex, InvalidUtf8BecomesReplacementCharacters) {
   EXPECT_EQ(valid_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
   EXPECT_EQ(valid_utf8("a\xFF"

@@ -241,6 +241,49 @@ TEST(Prepare, ATruncatedGzipIsRefusedAndCompressionIsToldByItsBytes) {
   }
 }
 
+// Issue 49: a document longer than kMaxDocumentBytes (a zstd bomb's line, here a zstd file of
+// a few kB that inflates to one 17 MiB JSONL line) is read to its end without being kept, dropped
+// and counted; the documents around it are prepared. The same in text mode with a separator.
+TEST(Prepare, ADocumentPastTheLimitIsDroppedUnreadAndCounted) {
+  ScratchDir dir("prepare_too_long");
+  std::filesystem::create_directories(dir / "in");
+  const auto docs = testing::distinct_docs(10, 10);
+  std::string jsonl;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    jsonl += nlohmann::json{{"text", docs[i]}}.dump() + "\n";
+    if (i == 4)
+      jsonl += "{\"text\": \"" + std::string(kMaxDocumentBytes + (1 << 20), 'a') + "\"}\n";
+  }
+  std::string z(ZSTD_compressBound(jsonl.size()), '\0');
+  z.resize(ZSTD_compress(z.data(), z.size(), jsonl.data(), jsonl.size(), 3));
+  EXPECT_LT(z.size(), 64u << 10) << "a small file";
+  testing::write_text(dir / "in/bomb.jsonl.zst", z);
+  PrepareOptions o;
+  o.inputs = {dir / "in/bomb.jsonl.zst"};
+  o.output = dir / "out";
+  auto r = prepare(o);
+  EXPECT_EQ(r["documents_in"], 11);
+  EXPECT_EQ(r["removed_too_long"], 1);
+  EXPECT_EQ(r["documents_out"], 10);
+  EXPECT_EQ(r["invalid_records"], 0) << "dropped as too long, not as invalid";
+  EXPECT_EQ(r["max_document_bytes"], kMaxDocumentBytes);
+
+  std::string text;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    text += docs[i] + "\n%\n";
+    if (i == 2)
+      text += std::string(kMaxDocumentBytes / 64, 'x') + "\n" +
+              std::string(kMaxDocumentBytes, 'y') + "\n%\n";
+  }
+  testing::write_text(dir / "in/long.txt", text);
+  o.inputs = {dir / "in/long.txt"};
+  o.input.separator = "%";
+  o.overwrite = true;
+  r = prepare(o);
+  EXPECT_EQ(r["removed_too_long"], 1);
+  EXPECT_EQ(r["documents_out"], 10);
+}
+
 TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   ScratchDir dir("prepare_spm");
   auto docs = testing::distinct_docs(150, 12);
