@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "data/bounded_json.h"
 #include "data/hf_regex.h"
 #include "data/hf_tokenizer.h"
 
@@ -157,11 +158,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path, const json& j,
   const auto section = [this](const char* key, const auto& parse) {
     try {
       parse();
-    } catch (const json::exception& e) {
-      std::string what = e.what();
-      if (const auto close = what.find("] "); what.rfind("[json.", 0) == 0 && close != what.npos)
-        what = what.substr(close + 2);  // "[json.exception.type_error.302] type must be ..."
-      refuse_file(std::string("in \"") + key + "\": " + what);
+    } catch (const json::exception& e) {  // "[json.exception.type_error.302] type must be ..."
+      const std::string what = e.what(), text = what.substr(what.find("] ") + 2);
+      refuse_file(std::string("in \"") + key + "\": " + (what[0] == '[' ? text : what));
     }
   };
   section("normalizer", [&] { parse_normalizer(j.value("normalizer", json())); });
@@ -586,22 +585,9 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path,
                                              const std::string& boundary_token) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot be read (expected a Hugging Face tokenizer.json)");
-  // A real tokenizer.json nests a handful of levels (a Sequence of normalizers holds objects
-  // holding lists); the pieces are walked recursively, so a file nested deeper is refused before.
-  constexpr int kMaxDepth = 64;
-  const json::parser_callback_t bounded = [&path](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxDepth)
-      throw DataError(path + ": nested more than " + std::to_string(kMaxDepth) +
-                      " levels deep; a tokenizer.json nests a few (a damaged or hostile file?)\n"
-                      "HINT: use the tokenizer.json of the model's own repository");
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(in, bounded);
-  } catch (const json::exception& e) {
-    throw DataError(path + ": not valid JSON (" + e.what() + ")");
-  }
+  // A real tokenizer.json nests a handful of levels; its pieces are walked recursively.
+  const json j = parse_bounded_json(in, path, /*max_depth=*/64,
+                                    "use the tokenizer.json of the model's own repository");
   if (!j.is_object() || !j.contains("model"))
     throw DataError(path + ": not a Hugging Face tokenizer.json (no \"model\")");
   try {

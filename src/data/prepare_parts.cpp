@@ -230,4 +230,18 @@ nlohmann::json prepare_part(const PrepareOptions& o, int task, int tasks) {
   });
 }
 
+void encode_document(const Tokenizer& tokenizer, const Document& doc,
+                     const std::vector<InputFile>& files, std::vector<uint32_t>& out) {
+  try {
+    tokenizer.encode(doc.text, out);
+  } catch (const DataError& e) {
+    const InputFile& f = files.at(static_cast<size_t>(doc.file));
+    throw DataError(fmt::format(
+        "{}:{}{}: this document cannot be tokenized: {}\nHINT: leave it out of the input (or "
+        "shorten it: --max-length drops documents longer than a length)",
+        f.path, f.parquet ? "row " : "", doc.line, doc.id.empty() ? "" : " (id " + doc.id + ")",
+        e.what()));
+  }
+}
+
 }  // namespace keel::data

@@ -17,8 +17,6 @@
 #include <thread>
 #include <unordered_set>
 
-#include <fmt/format.h>
-
 #include "common/error.h"
 #include "data/datatrove_minhash.h"
 #include "data/minhash.h"
@@ -251,20 +249,6 @@ double cpu_seconds() {
   rusage u;
   getrusage(RUSAGE_SELF, &u);
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
-void encode_document(const Tokenizer& tokenizer, const Document& doc,
-                     const std::vector<InputFile>& files, std::vector<uint32_t>& out) {
-  try {
-    tokenizer.encode(doc.text, out);
-  } catch (const DataError& e) {
-    const InputFile& f = files.at(static_cast<size_t>(doc.file));
-    throw DataError(fmt::format(
-        "{}:{}{}: this document cannot be tokenized: {}\nHINT: leave it out of the input (or "
-        "shorten it: --max-length drops documents longer than a length)",
-        f.path, f.parquet ? "row " : "", doc.line, doc.id.empty() ? "" : " (id " + doc.id + ")",
-        e.what()));
-  }
 }
 
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) {
