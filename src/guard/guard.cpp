@@ -458,16 +458,19 @@ bool replicas_agree(const std::vector<double>& rank_grad_norms) {
                      [&](double v) { return same(v, rank_grad_norms.front()); });
 }
 
-Decision Guard::replicas_disagree(const StepSignals& s,
-                                  const std::vector<double>& rank_grad_norms) {
+Decision Guard::replicas_disagree(const StepSignals& s, const std::vector<double>& rank_grad_norms,
+                                  std::optional<int64_t> stood_out) {
   Decision d;
-  const std::vector<int64_t> odd = minority_ranks(rank_grad_norms);
+  std::vector<int64_t> odd = minority_ranks(rank_grad_norms);
+  const bool by_part = odd.empty() && stood_out;  // no majority: the part that stood out
+  if (by_part) odd = {*stood_out};
   nlohmann::json norms = nlohmann::json::array();
   for (double v : rank_grad_norms) norms.push_back(finite_or_null(v));
   nlohmann::json detail = {{"rank_grad_norms", norms}, {"ranks", odd}};
   const std::string who =
       odd.empty() ? fmt::format("the {} ranks disagree with no majority, so none can be named",
                                 rank_grad_norms.size())
+      : by_part   ? fmt::format("no majority; rank {}'s own part of the step stood out", odd[0])
                   : fmt::format("rank(s) {} differ from the others", nlohmann::json(odd).dump());
   d.events.push_back(
       {EventKind::kHardwareFault, detail,
@@ -477,9 +480,9 @@ Decision Guard::replicas_disagree(const StepSignals& s,
                    norms.dump(), who)});
   d.action = Action::kSkip;
   d.skip_reason = SkipReason::kHardware;
-  std::vector<int64_t> suspects(odd.empty() ? rank_grad_norms.size() : 0);  // none named: all
-  std::iota(suspects.begin(), suspects.end(), 0);
-  count_device_fault(s.iteration, odd.empty() ? suspects : odd, false, detail, who, d);
+  std::vector<int64_t> all(rank_grad_norms.size());  // none named: every rank a suspect
+  std::iota(all.begin(), all.end(), 0);
+  count_device_fault(s.iteration, odd.empty() ? all : odd, false, detail, who, d);
   return d;
 }
 
@@ -507,18 +510,15 @@ void Guard::count_device_fault(int64_t iteration, const std::vector<int64_t>& ra
                                  [&](const auto& f) { return f.second == r; });
     if (persistent || n >= kDeviceFaultsToStop) faulty.push_back(r);
   }
-  auto& event = d.events.back();
-  event.detail["recent"] = device_faults_.size();
-  event.detail["window"] = kDeviceFaultWindow;
+  d.events.back().detail.update(
+      {{"recent", device_faults_.size()}, {"window", kDeviceFaultWindow}});
   if (faulty.empty()) return;
-  abort("faulty_device",
-        persistent ? fmt::format("a faulty device: {} computes the step wrong every time, and the "
-                                 "same data computes right on another rank",
-                                 who)
-                   : fmt::format("a faulty device: {} computed a wrong result {} times within {} "
-                                 "attempts",
-                                 who, kDeviceFaultsToStop, kDeviceFaultWindow),
-        detail, d);
+  const std::string why =
+      persistent ? "computes the step wrong every time, and the same data computes right on "
+                   "another rank"
+                 : fmt::format("computed a wrong result {} times within {} attempts",
+                               kDeviceFaultsToStop, kDeviceFaultWindow);
+  abort("faulty_device", fmt::format("a faulty device: {} {}", who, why), detail, d);
   d.faulty_ranks = faulty;
 }
 

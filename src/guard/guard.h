@@ -206,9 +206,11 @@ class Guard {
   // Several ranks whose reduced gradients should be equal (every rank's global norm, in rank
   // order) disagree: a device computed a wrong result, which neither the data nor the model
   // explains. The step is skipped on every rank (nothing quarantined) with a hardware_fault event
-  // naming the ranks outside the majority (none with two ranks: no majority, and every rank counts
-  // as a suspect); the device rule below applies. Call it instead of observe() for that step.
-  Decision replicas_disagree(const StepSignals& s, const std::vector<double>& rank_grad_norms);
+  // naming the ranks outside the majority (without one: `stood_out`, the rank whose own part of
+  // the step stood out, else none, every rank then a suspect); the device rule below applies.
+  // Call it instead of observe() for that step.
+  Decision replicas_disagree(const StepSignals& s, const std::vector<double>& rank_grad_norms,
+                             std::optional<int64_t> stood_out = std::nullopt);
   // A replay of the step (train/replay.h) did not reproduce it on `ranks` (a transient fault: the
   // step goes on with the replay's values), or found that they compute it wrong every time
   // (`persistent`). A hardware_fault event with `detail`; the run stops as a faulty device

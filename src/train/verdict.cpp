@@ -86,7 +86,11 @@ Verdict Trainer::State::decide(const StepResult& r, const HostFigures& h, double
   s.clipped = s.grad_norm > r.clip_bound;
   s.loss_scale = h.loss_scale;
   if (!guard::replicas_agree(h.rank_grad_norms)) {  // not the data's doing, nor the model's
-    v.decision = guard->replicas_disagree(s, h.rank_grad_norms);
+    // Two ranks hold no majority: the one whose own part (replay.h's Contribution) stood out.
+    v.decision = guard->replicas_disagree(s, h.rank_grad_norms,
+                                          h.contributions.size() == 2
+                                              ? std::optional(ReplayCheck::suspect(h.contributions))
+                                              : std::nullopt);
     for (auto& e : v.decision.events) e.detail["hosts"] = launch.rank_hosts;
     v.signals = {{"rank_grad_norms", h.rank_grad_norms}, {"lr", lr}};
     v.guard_s = seconds_since(start);
