@@ -5,7 +5,10 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 
@@ -50,6 +53,12 @@ std::string oniguruma_classes(const std::string& pattern) {
   return out;
 }
 
+// What one pattern may take over one document: how far a match may look past where it starts, and
+// how long it may run in all. Real pre-tokenizer patterns look a character or two ahead; a piece
+// of 64 KiB (a run of letters or spaces that long) is not text, and is refused naming where.
+constexpr size_t kRegexWindow = size_t{64} << 10;
+constexpr std::chrono::seconds kRegexBudget{60};
+
 // A pattern of a hostile file can be long: its start names it well enough.
 std::string shown(const std::string& pattern) {
   return pattern.size() <= 200
@@ -88,7 +97,7 @@ HfRegex::HfRegex(const std::string& pattern, const std::string& where) : where_(
                     "(+ instead of *)");
   }
   // Without the JIT (an architecture PCRE2 has none for) the interpreter gives the same matches.
-  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
+  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
 }
 
 HfRegex::~HfRegex() { pcre2_code_free(code_); }
@@ -108,22 +117,48 @@ void HfRegex::find_all(std::string_view text, std::vector<std::pair<size_t, size
   };
   thread_local Scratch scratch;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const auto refuse = [&](const std::string& why) {
+    throw DataError(where_ + ": the pattern " + why + " in a text of " +
+                    std::to_string(text.size()) + " bytes");
+  };
+  const auto deadline = std::chrono::steady_clock::now() + kRegexBudget;
   size_t start = 0;
-  while (start <= text.size()) {
-    const int rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, scratch.data,
-                               scratch.context);
-    if (rc == PCRE2_ERROR_NOMATCH) return;
+  for (int64_t calls = 1; start <= text.size(); ++calls) {
+    if (calls % 256 == 0 && std::chrono::steady_clock::now() > deadline)
+      refuse(fmt::format("took more than {} s (at byte {})", kRegexBudget.count(), start));
+    // The subject ends kRegexWindow past `start` (on a character boundary), so that no call can
+    // cost more than a window's worth (`b(?=b*c)` is quadratic in what it may look at). A match
+    // attempt that reached the window's end (PCRE2_PARTIAL_HARD) is tried again from where it
+    // began (none began and ended before it); one that began at `start` needs more than a window
+    // to decide: refused, not guessed.
+    size_t end = std::min(text.size(), start + kRegexWindow);
+    while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+    const int rc = pcre2_match(code_, subject, end, start,
+                               PCRE2_NO_UTF_CHECK | (end < text.size() ? PCRE2_PARTIAL_HARD : 0),
+                               scratch.data, scratch.context);
+    if (rc == PCRE2_ERROR_PARTIAL) {
+      if (const size_t from = pcre2_get_ovector_pointer(scratch.data)[0]; from > start) {
+        start = from;
+        continue;
+      }
+      refuse(fmt::format("needs to look more than {} KiB ahead (at byte {})", kRegexWindow >> 10,
+                         start));
+    }
+    if (rc == PCRE2_ERROR_NOMATCH) {
+      if (end == text.size()) return;
+      start = end;  // no match starts before the window's end
+      continue;
+    }
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof message);
-      throw DataError(where_ + ": the pattern gave up on a text of " + std::to_string(text.size()) +
-                      " bytes (PCRE2: " + reinterpret_cast<const char*>(message) + ")");
+      refuse(std::string("gave up (PCRE2: ") + reinterpret_cast<const char*>(message) + ")");
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data);
-    const size_t begin = ovector[0], end = ovector[1];
-    if (end > begin) {
-      out.emplace_back(begin, end);
-      start = end;
+    const size_t begin = ovector[0], stop = ovector[1];
+    if (stop > begin) {
+      out.emplace_back(begin, stop);
+      start = stop;
     } else {  // an empty match yields nothing; go on from the next character
       if (begin >= text.size()) return;
       size_t len = 0;

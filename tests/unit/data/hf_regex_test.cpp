@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "common/error.h"
 
 namespace keel::data {
@@ -88,6 +90,38 @@ TEST(HfRegex, APatternThatCanMatchNothingIsRefusedAndALongOneIsShownShort) {
     EXPECT_LT(std::string(e.what()).size(), 600u);
     EXPECT_NE(std::string(e.what()).find("(140000 bytes)"), std::string::npos);
   }
+}
+
+// Issue 49: matching reads a window of 64 KiB past where it stands, so no call costs more than a
+// window's worth: a long text gives the pieces one call over the whole text gives (words cut by
+// the window's end are tried again from where they began), and a pattern that must look further
+// than the window (b(?=b*c) over a megabyte: quadratic, it ran past a minute) is refused at once,
+// naming where the pattern came from.
+TEST(HfRegex, MatchingLooksAWindowAheadAndRefusesWhatNeedsMore) {
+  std::string text;
+  size_t written = 0;
+  for (; text.size() < 300000; ++written)
+    text += "word" + std::to_string(written) + " \xC3\xA9t\xC3\xA9 ";
+  const auto pieces = split("\\p{L}+|\\p{N}+|\\s+(?!\\S)|\\s+", text, SplitBehavior::kIsolated);
+  std::string joined;
+  size_t words = 0;
+  for (const auto& p : pieces) {
+    joined += p;
+    words += p.rfind("word", 0) == 0;
+    EXPECT_LE(p.size(), 8u) << "a piece cut at a window's end";
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(words, written);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    split("b(?=b*c)", std::string(1 << 20, 'b') + "c", SplitBehavior::kIsolated);
+    FAIL() << "matched";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("test: the pattern needs to look more than 64 KiB ahead"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
 }
 
 TEST(HfRegex, InvalidUtf8BecomesReplacementCharacters) {
