@@ -237,7 +237,7 @@ void encode_document(const Tokenizer& tokenizer, const Document& doc,
   } catch (const DataError& e) {
     const InputFile& f = files.at(static_cast<size_t>(doc.file));
     throw DataError(fmt::format(
-        "{}:{}{}: this document cannot be tokenized: {}\nHINT: leave it out of the input (or "
+        "{}:{}{}{}: this document cannot be tokenized: {}\nHINT: leave it out of the input (or "
         "shorten it: --max-length drops documents longer than a length)",
         f.path, f.parquet ? "row " : "", doc.line, doc.id.empty() ? "" : " (id " + doc.id + ")",
         e.what()));

@@ -30,7 +30,6 @@ namespace {
 
 constexpr size_t kBlockDocs = 2048;
 constexpr size_t kBlockBytes = size_t{32} << 20;
-
 using SteadyClock = std::chrono::steady_clock;
 
 // Reads documents in blocks (bounded by count and bytes), so memory stays flat.
@@ -257,13 +256,23 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) 
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  // A worker's exception ends the others' work and is thrown here (escaping a thread, it aborts).
   std::atomic<size_t> next{0};
+  std::exception_ptr failed;
+  std::mutex failed_mutex;
   std::vector<std::thread> pool;
   for (int k = 0; k < t; ++k)
     pool.emplace_back([&] {
-      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+      try {
+        for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+      } catch (...) {
+        next = n;
+        if (std::lock_guard<std::mutex> lock(failed_mutex); !failed)
+          failed = std::current_exception();
+      }
     });
   for (auto& th : pool) th.join();
+  if (failed) std::rethrow_exception(failed);
 }
 
 namespace {

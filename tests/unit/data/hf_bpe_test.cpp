@@ -97,5 +97,32 @@ TEST(HfBpeIds, AnAddedTokenWhoseIdDisagreesWithTheVocabularyIsRefused) {
   EXPECT_NE(message.find("added_tokens[1] \"<eos>\" has id 2"), std::string::npos) << message;
 }
 
+// Issue 49: a normalizer nested 100,000 deep overflowed the stack in the walk; it is refused while
+// parsed. A value of the wrong type deep in a section names the section.
+TEST(HfBpeIds, ADeepNestOrAWrongTypeIsRefusedNamingWhere) {
+  ScratchDir d("hf_bpe_hostile");
+  std::string deep;
+  for (int k = 0; k < 100000; ++k) deep += R"({"type": "Sequence", "normalizers": [)";
+  deep += R"({"type": "NFC"})";
+  for (int k = 0; k < 100000; ++k) deep += "]}";
+  json j = small_tokenizer();
+  std::string text = j.dump();
+  text.insert(1, "\"normalizer\": " + deep + ", ");
+  std::ofstream(d / "tokenizer.json") << text;
+  try {
+    load_hf_tokenizer(d / "tokenizer.json");
+    FAIL() << "loaded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json: nested more than 64 levels deep"),
+              std::string::npos)
+        << std::string(e.what()).substr(0, 300);
+  }
+  j = small_tokenizer();
+  j["model"]["merges"] = json::array({json::array({1, 2})});
+  const std::string why = refusal(d, j);
+  EXPECT_NE(why.find("in \"model\": "), std::string::npos) << why;
+  EXPECT_EQ(why.find("[json.exception"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace keel::data

@@ -284,6 +284,47 @@ TEST(Prepare, ADocumentPastTheLimitIsDroppedUnreadAndCounted) {
   EXPECT_EQ(r["documents_out"], 10);
 }
 
+// Issue 49: a tokenizer.json pattern that cannot decide within its window on one document (it
+// ran past a minute on a megabyte) stops prepare naming the document (file, line, id) and where
+// the pattern came from.
+TEST(Prepare, APatternThatCannotDecideNamesTheDocumentAndThePattern) {
+  ScratchDir dir("prepare_regex_budget");
+  nlohmann::json vocab = nlohmann::json::object();
+  for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = c - 'a';
+  vocab["<eos>"] = 26;
+  const nlohmann::json tokenizer = {
+      {"pre_tokenizer",
+       {{"type", "Split"},
+        {"pattern", {{"Regex", "b(?=b*c)|[a-z]"}}},
+        {"behavior", "Isolated"},
+        {"invert", false}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"added_tokens", {{{"id", 26}, {"content", "<eos>"}, {"special", true}}}}};
+  testing::write_text(dir / "tokenizer.json", tokenizer.dump());
+  testing::write_text(dir / "docs.jsonl",
+                      nlohmann::json{{"text", "abcabc"}, {"id", "d1"}}.dump() + "\n" +
+                          nlohmann::json{{"text", std::string(100000, 'b')}, {"id", "d2"}}.dump() +
+                          "\n");
+  PrepareOptions o;
+  o.inputs = {dir / "docs.jsonl"};
+  o.output = dir / "out";
+  o.input.id_field = "id";
+  o.tokenizer = TokenizerSpec::parse("hf:" + dir / "tokenizer.json");
+  try {
+    prepare(o);
+    FAIL() << "prepared";
+  } catch (const DataError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("docs.jsonl:2 (id d2): this document cannot be tokenized"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("tokenizer.json: pre_tokenizer Split: the pattern needs to look more "
+                        "than 64 KiB ahead"),
+              std::string::npos)
+        << what;
+  }
+}
+
 TEST(Prepare, TrainsAndUsesASentencePieceModel) {
   ScratchDir dir("prepare_spm");
   auto docs = testing::distinct_docs(150, 12);
