@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -31,6 +32,10 @@ std::set<ActivityType> activities(bool cuda) {
 
 StepProfiler::StepProfiler(int64_t steps, int64_t skip, std::string dir, int rank, bool cuda)
     : steps_(steps), skip_(skip), dir_(std::move(dir)), rank_(rank), cuda_(cuda) {
+  // On a CPU run Kineto still asks CUDA for its devices and logs "gpuGetDeviceCount failed with
+  // code 35" (no driver) once per rank, a false alarm for a profile that needs no GPU: its log
+  // is kept to fatal errors there, unless the user set KINETO_LOG_LEVEL.
+  if (!cuda_) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   // Kineto's start-up (CUPTI on a GPU) happens here, outside the steps it records.
   profiler::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), activities(cuda_));
 }
