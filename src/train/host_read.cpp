@@ -26,12 +26,11 @@ HostRead::HostRead(const DeviceFigures& f)
                                       one(f.overflow, dev),   one(f.refused, dev),
                                       one(f.loss_scale, dev), f.layer_grad_norms.to(dev)};
   if (ranks_ > 0) parts.push_back(f.rank_grad_norms.to(dev));
-  if (contributions_ > 0)
-    parts.push_back(f.contributions.reshape({-1}).to(dev.dtype(torch::kFloat64)));
+  // fp64 (cat promotes the rest): two ranks' sums of squares may differ in their last bits.
+  if (contributions_ > 0) parts.push_back(f.contributions.reshape({-1}).to(f.loss.device()));
   parts.push_back(f.sample_losses.to(dev));
   if (screened_) parts.push_back(f.kept.to(dev));
-  for (auto& p : parts) p = p.to(torch::kFloat64);  // the contributions are fp64 already
-  values_ = read_.add(torch::cat(parts));
+  values_ = read_.add(torch::cat(parts).to(torch::kFloat64));
   pairs_ = read_.add(f.pairs.to(torch::kInt64));
   read_.queued();
 }
