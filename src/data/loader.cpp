@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <set>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -15,6 +17,15 @@ using Clock = std::chrono::steady_clock;
 double unit_hash(uint64_t seed, int64_t position) {
   uint64_t v[2] = {seed ^ 0xD5A7u, static_cast<uint64_t>(position)};
   return static_cast<double>(xxh3(v, sizeof v) >> 11) * 0x1.0p-53;
+}
+
+// A dataset's train and val loaders read the same meta.json: what it says about the dataset as
+// a whole is said once per directory, not once per split.
+bool first_open_in_process(const std::string& dir) {
+  static std::mutex mutex;
+  static std::set<std::string> opened;
+  std::lock_guard<std::mutex> lock(mutex);
+  return opened.insert(dir).second;
 }
 
 }  // namespace
@@ -40,7 +51,7 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
                     std::to_string(meta.vocab_size) + " ids but model.vocab_size is " +
                     std::to_string(o.model_vocab_size) +
                     "; HINT: set model.vocab_size >= " + std::to_string(meta.vocab_size));
-  if (meta.seq_len > 0 && meta.seq_len != o.seq_len)
+  if (meta.seq_len > 0 && meta.seq_len != o.seq_len && first_open_in_process(o.dir))
     log::info("data",
               "{}: prepared for seq_len {}, training with {} (only keep-whole packing "
               "depends on it)",

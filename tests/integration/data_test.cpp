@@ -136,6 +136,30 @@ TEST(PrepareCommand, PreparesTheFortunesCorpus) {
       << meta["prepare_command"];
 }
 
+// What a dataset's meta.json says of the whole dataset is said once, not once per split (the
+// guide's output showed the seq_len line twice: issue 52).
+TEST(PrepareCommand, TrainingAtAnotherSeqLenSaysSoOnce) {
+  ScratchDir dir("prepare_seq_len_once");
+  std::mt19937_64 rng(7);
+  std::filesystem::create_directories(dir / "in");
+  for (int i = 0; i < 120; ++i)
+    write_file(dir / ("in/d" + std::to_string(i) + ".txt"),
+               data::testing::join(data::testing::random_words(rng, 150)));
+  auto r = run_keel("prepare --input " + (dir / "in") + " --output " + (dir / "data") +
+                    " --seq-len 64 --val-fraction 0.2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel("train --run-dir " + (dir / "run") +
+               " --set data.source=shards --set data.path=" + (dir / "data") +
+               " --set model.vocab_size=auto --set run.max_steps=2 --set schedule.warmup_steps=1"
+               " --set eval.every_steps=2 --set data.micro_batch_size=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string line = "prepared for seq_len 64, training with 128";
+  const size_t first = r.output.find(line);
+  ASSERT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(line, first + 1), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(validation)"), std::string::npos) << r.output;  // val was opened too
+}
+
 // Every core changes how fast, never what: --jobs 2 writes the same shards, index and vocabulary as
 // --jobs 1 (meta.json and the reports differ only in the command line and the timings).
 TEST(PrepareCommand, JobsDoNotChangeTheOutput) {
