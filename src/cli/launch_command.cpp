@@ -1,6 +1,9 @@
 // `keel launch --nproc N -- train CONFIG ...`: N local ranks of this same binary, with the
 // environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1, MASTER_PORT), each rank's output line by line with a "[rank R] " prefix.
+// GROUP_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT), each rank's output line by line with a
+// "[rank R] " prefix. With `--nnodes M --node-rank K --master-addr A --master-port P` on each of
+// M hosts, the job spans them as torchrun's static rendezvous does: host K runs ranks K*N to
+// K*N+N-1, and rank 0's host, A, hosts the store.
 // SIGTERM/SIGINT go to every rank (each checkpoints and exits); when a rank fails, the others are
 // told to stop (SIGTERM, then SIGKILL after a grace period) and the launcher exits with the first
 // failure's code, naming that rank. A launcher that dies without a word (SIGKILL) takes its ranks
@@ -54,6 +57,15 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+// Where this host's ranks sit in the job.
+struct Layout {
+  int nproc = 2;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int port = 0;
+};
+
 struct Rank {
   pid_t pid = -1;
   int out = -1;         // read end of its stdout+stderr
@@ -81,8 +93,9 @@ int exit_code_of(int status) {
 
 // Starts rank `r` of `nproc`: this binary with `args` and torchrun's environment, its stdout and
 // stderr into a pipe whose read end the returned Rank holds.
-Rank start_rank(int r, int nproc, int port, const std::string& threads,
+Rank start_rank(int local, const Layout& layout, const std::string& threads,
                 const std::vector<std::string>& args) {
+  const int r = layout.node_rank * layout.nproc + local;
   int fds[2];
   if (::pipe(fds) != 0) throw UserError(std::string("keel launch: pipe: ") + std::strerror(errno));
   const pid_t launcher = ::getpid();
@@ -100,11 +113,12 @@ Rank start_rank(int r, int nproc, int port, const std::string& threads,
     ::close(fds[0]);
     ::close(fds[1]);
     ::setenv("RANK", std::to_string(r).c_str(), 1);
-    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-    ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(layout.nnodes * layout.nproc).c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(layout.nproc).c_str(), 1);
+    ::setenv("GROUP_RANK", std::to_string(layout.node_rank).c_str(), 1);
+    ::setenv("MASTER_ADDR", layout.master_addr.c_str(), 1);
+    ::setenv("MASTER_PORT", std::to_string(layout.port).c_str(), 1);
     ::setenv("KEEL_LAUNCH_PREFIXES_RANKS", "1", 1);   // the log leaves the rank tag to us
     ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // as torchrun: the cores shared out
     std::vector<char*> argv;
@@ -126,7 +140,7 @@ Rank start_rank(int r, int nproc, int port, const std::string& threads,
 }
 
 // Waits up to 100 ms for output and passes every complete line on, prefixed with its rank.
-void pump_output(std::vector<Rank>& ranks) {
+void pump_output(std::vector<Rank>& ranks, int first_rank) {
   std::vector<pollfd> fds;
   std::vector<int> owner;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
@@ -141,9 +155,9 @@ void pump_output(std::vector<Rank>& ranks) {
     char buf[4096];
     ssize_t n;
     while ((n = ::read(rk.out, buf, sizeof buf)) > 0) rk.partial.append(buf, n);
-    flush_lines(rk, owner[i], false);
+    flush_lines(rk, first_rank + owner[i], false);
     if (n == 0) {
-      flush_lines(rk, owner[i], true);
+      flush_lines(rk, first_rank + owner[i], true);
       ::close(rk.out);
       rk.out = -1;
     }
@@ -167,12 +181,34 @@ std::optional<int> reap(std::vector<Rank>& ranks) {
   return failed_now;
 }
 
-int launch(int nproc, int port, const std::vector<std::string>& args, double grace_s) {
-  if (port == 0) port = free_loopback_port();
+// Several hosts need one address and port that every host reaches and none can pick alone.
+void check_layout(const Layout& layout) {
+  if (layout.node_rank >= layout.nnodes)
+    throw UserError("keel launch --node-rank " + std::to_string(layout.node_rank) +
+                    ": must be below --nnodes " + std::to_string(layout.nnodes) +
+                    " (hosts are numbered from 0)");
+  if (layout.nnodes == 1) return;
+  if (layout.master_addr == "127.0.0.1" || layout.master_addr == "localhost" ||
+      layout.master_addr == "::1")
+    throw UserError("keel launch --nnodes " + std::to_string(layout.nnodes) +
+                    ": --master-addr must be the address of the host with --node-rank 0 that "
+                    "every host reaches (got " +
+                    layout.master_addr + ", which each host reads as itself)");
+  if (layout.port == 0)
+    throw UserError("keel launch --nnodes " + std::to_string(layout.nnodes) +
+                    ": give --master-port, the same free port on every host (a free port cannot "
+                    "be agreed on without it; torchrun's default is 29500)");
+}
+
+int launch(Layout layout, const std::vector<std::string>& args, double grace_s) {
+  check_layout(layout);
+  if (layout.port == 0) layout.port = free_loopback_port();
+  const int nproc = layout.nproc;
+  const int first_rank = layout.node_rank * nproc;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(nproc)));
   std::vector<Rank> ranks;
-  for (int r = 0; r < nproc; ++r) ranks.push_back(start_rank(r, nproc, port, threads, args));
+  for (int r = 0; r < nproc; ++r) ranks.push_back(start_rank(r, layout, threads, args));
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
@@ -185,11 +221,14 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
       if (!rk.exit_code) ::kill(rk.pid, sig);
   };
   while (true) {
-    pump_output(ranks);  // output first, so a rank's last lines come before its exit is reported
+    pump_output(
+        ranks,
+        first_rank);  // output first, so a rank's last lines come before its exit is reported
     if (const auto failed = reap(ranks); failed && !first_failed && forwarded == 0) {
       first_failed = *failed;
-      std::cerr << "keel launch: rank " << *failed << " exited with " << *ranks[*failed].exit_code
-                << "; stopping the other ranks\n";
+      std::cerr << "keel launch: rank " << first_rank + *failed << " exited with "
+                << *ranks[*failed].exit_code << "; stopping the other ranks"
+                << (layout.nnodes > 1 ? " of this host" : "") << "\n";
       signal_all(SIGTERM);
       kill_at = std::chrono::steady_clock::now() +
                 std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
@@ -201,7 +240,7 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
     if (std::chrono::steady_clock::now() > kill_at) {
       for (int r = 0; r < nproc; ++r)
         if (!ranks[r].exit_code)
-          std::cerr << "keel launch: rank " << r << " did not stop within " << grace_s
+          std::cerr << "keel launch: rank " << first_rank + r << " did not stop within " << grace_s
                     << " s of SIGTERM (hung?): killing it\n";
       signal_all(SIGKILL);
       kill_at = std::chrono::steady_clock::time_point::max();
@@ -211,7 +250,7 @@ int launch(int nproc, int port, const std::vector<std::string>& args, double gra
     if (done) break;
   }
   if (first_failed) {
-    std::cerr << "keel launch: failed: rank " << *first_failed << " exited first with "
+    std::cerr << "keel launch: failed: rank " << first_rank + *first_failed << " exited first with "
               << *ranks[*first_failed].exit_code << "\n";
     return *ranks[*first_failed].exit_code;
   }
@@ -229,7 +268,8 @@ void check_launch_separator(int argc, const char* const* argv) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") return;
-    if (a == "--nproc" || a == "--master-port" || a == "--grace") {
+    if (a == "--nproc" || a == "--master-port" || a == "--grace" || a == "--nnodes" ||
+        a == "--node-rank" || a == "--master-addr") {
       ++i;
       continue;
     }
@@ -251,8 +291,7 @@ void check_launch_separator(int argc, const char* const* argv) {
 }
 
 void register_launch(CLI::App& app, int& exit_code) {
-  auto nproc = std::make_shared<int>(2);
-  auto port = std::make_shared<int>(0);
+  auto layout = std::make_shared<Layout>();
   // Once a rank has failed the others cannot checkpoint together (a checkpoint's barrier needs
   // every rank), so they get a moment to report and exit, not a long wait: a hung rank that
   // ignores SIGTERM is killed two seconds after the first failure.
@@ -260,10 +299,25 @@ void register_launch(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto* sub = app.add_subcommand(
       "launch", "run N local ranks of a keel command over c10d (Gloo on CPU, NCCL on CUDA)");
-  sub->add_option("--nproc", *nproc, "ranks to start on this host")
+  sub->add_option("--nproc", layout->nproc, "ranks to start on this host")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  sub->add_option("--master-port", *port, "rendezvous port on 127.0.0.1 (default: a free one)")
+  sub->add_option("--nnodes", layout->nnodes,
+                  "hosts the job spans; each runs keel launch with the same options but "
+                  "--node-rank")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  sub->add_option("--node-rank", layout->node_rank,
+                  "this host's place, 0 to nnodes-1: it runs ranks node_rank*nproc onwards")
+      ->check(CLI::Range(0, 4095))
+      ->capture_default_str();
+  sub->add_option("--master-addr", layout->master_addr,
+                  "address of the host with --node-rank 0, which hosts the rendezvous store "
+                  "(with --nnodes above 1: one every host reaches)")
+      ->capture_default_str();
+  sub->add_option("--master-port", layout->port,
+                  "rendezvous port (default on one host: a free one on 127.0.0.1; required "
+                  "with --nnodes above 1)")
       ->check(CLI::Range(0, 65535));
   sub->add_option("--grace", *grace,
                   "seconds the other ranks get to stop after one fails, before SIGKILL")
@@ -271,13 +325,14 @@ void register_launch(CLI::App& app, int& exit_code) {
   sub->add_option("command", *args, "the keel command each rank runs, after --")->required();
   sub->footer(
       "The same job under torchrun: torchrun --no-python --nproc_per_node 2 keel train CONFIG ...\n"
+      "Across hosts, on each host K of M: keel launch --nnodes M --node-rank K --master-addr "
+      "HOST0 --master-port 29500 --nproc N -- train CONFIG ...\n"
       "\n"
       "Examples:\n"
       "  keel launch --nproc 2 -- train configs/tiny.yaml --set run.max_steps=100\n"
       "  keel launch --nproc 8 -- train configs/gpt2-124m.yaml --run-dir runs/gpt2 --resume "
       "latest");
-  sub->callback(
-      [nproc, port, grace, args, &exit_code] { exit_code = launch(*nproc, *port, *args, *grace); });
+  sub->callback([layout, grace, args, &exit_code] { exit_code = launch(*layout, *args, *grace); });
 }
 
 }  // namespace keel::cli

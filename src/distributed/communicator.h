@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace keel::distributed {
@@ -57,6 +58,13 @@ class Communicator {
 
   // Averages gradients in place: sum then divide by world size.
   void all_reduce_mean_(std::vector<torch::Tensor>& tensors);
+
+  // Host seconds this process has spent waiting for collectives to finish, since its start. A
+  // rank that the others wait for waits least: its step time less this is its own work.
+  virtual double seconds_waiting() const { return 0.0; }
+  // The host `rank` runs on ("name (address)") as it said at the start, or empty where the job
+  // is on one host or the rank did not say.
+  virtual std::string host_of(int /*rank*/) const { return {}; }
 };
 
 class SingleProcess final : public Communicator {

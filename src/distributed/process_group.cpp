@@ -10,6 +10,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -51,15 +57,20 @@ void check_rank(const LaunchEnv& e) {
 }
 
 // c10d's process groups differ in how they are made but serve the same collectives.
+// Each rank's host under this key plus its rank, in the job's store: a silent rank is named with
+// its host.
+constexpr const char* kHostKey = "host/";
+
 class ProcessGroupComm final : public Communicator {
  public:
   ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> pg,
-                   int rank, int world, std::chrono::milliseconds timeout)
+                   int rank, int world, std::chrono::milliseconds timeout, std::string store_host)
       : store_(std::move(store)),
         pg_(std::move(pg)),
         rank_(rank),
         world_(world),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        store_host_(std::move(store_host)) {}
   // As torch.distributed.destroy_process_group: NCCL flushes and frees its communicators (and
   // says so when a program skips this). After a failed collective the group is aborted instead:
   // a peer that died would never answer a flush.
@@ -132,6 +143,16 @@ class ProcessGroupComm final : public Communicator {
                                      "all_reduce (gradient bucket)");
   }
 
+  double seconds_waiting() const override { return seconds_waiting_; }
+  std::string host_of(int rank) const override {
+    try {
+      const auto hosts = hosts_of(*store_, {rank});
+      return hosts.empty() ? std::string() : hosts.front();
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+
  private:
   struct Pending final : PendingWork {
     Pending(ProcessGroupComm& comm, c10::intrusive_ptr<c10d::Work> work, const char* what)
@@ -162,17 +183,30 @@ class ProcessGroupComm final : public Communicator {
     }
   }
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    struct Count {  // counted however the wait ends
+      std::chrono::steady_clock::time_point start;
+      double& total;
+      ~Count() {
+        total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+    } count{start, seconds_waiting_};
     try {
       work->wait(timeout_);
+    } catch (const c10::Error& e) {  // its what() carries a C++ backtrace: not for the user
+      fail(what, e.what_without_backtrace());
     } catch (const std::exception& e) {
-      const std::string silent = failed_ ? std::string() : silent_ranks();
-      failed_ = true;
-      throw DistError(std::string(what) + " across " + std::to_string(world_) +
-                      " ranks failed on rank " + std::to_string(rank_) + " (" +
-                      (silent.empty() ? std::string("another rank may have died") : silent) +
-                      "; distributed.timeout_s = " + std::to_string(timeout_.count() / 1000) +
-                      "): " + e.what());
+      fail(what, e.what());
     }
+  }
+  [[noreturn]] void fail(const char* what, const std::string& cause) {
+    const std::string silent = failed_ ? std::string() : silent_ranks();
+    failed_ = true;
+    throw DistError(std::string(what) + " across " + std::to_string(world_) +
+                    " ranks failed on rank " + std::to_string(rank_) + " (" +
+                    (silent.empty() ? std::string("another rank may have died") : silent) +
+                    "; distributed.timeout_s = " + std::to_string(timeout_.count() / 1000) +
+                    "): " + cause);
   }
 
   // Who stopped answering, for the message of the first failed collective. Each rank whose
@@ -184,7 +218,7 @@ class ProcessGroupComm final : public Communicator {
     using namespace std::chrono_literals;
     auto result = std::make_shared<std::promise<std::string>>();
     auto answer = result->get_future();
-    std::thread([store = store_, rank = rank_, world = world_, result] {
+    std::thread([store = store_, rank = rank_, world = world_, host = store_host_, result] {
       try {
         store->set("failed/" + std::to_string(rank), std::vector<uint8_t>{1});
         std::vector<int> silent;
@@ -195,26 +229,63 @@ class ProcessGroupComm final : public Communicator {
             if (r != rank && !store->check({"failed/" + std::to_string(r)})) silent.push_back(r);
           if (!silent.empty()) std::this_thread::sleep_for(100ms);
         } while (!silent.empty() && std::chrono::steady_clock::now() < deadline);
-        result->set_value(describe_silent(silent));
+        std::vector<std::string> hosts;
+        try {
+          hosts = hosts_of(*store, silent);
+        } catch (const std::exception&) {  // the ranks are named without their hosts
+        }
+        result->set_value(describe_silent(silent, hosts));
       } catch (const std::exception&) {
         result->set_value(rank == 0 ? std::string()
-                                    : describe_silent({0}) + " (its store is gone)");
+                                    : describe_silent({0}, {host}) + " (its store is gone)");
       }
     }).detach();  // it may be stuck on a store that never answers; the process is ending anyway
     if (answer.wait_for(kWordWait + 1s) != std::future_status::ready)
       return rank_ == 0 ? std::string()
-                        : describe_silent({0}) + " (the rendezvous store it hosts does not answer)";
+                        : describe_silent({0}, {store_host_}) +
+                              " (the rendezvous store it hosts does not answer)";
     return answer.get();
   }
 
-  static std::string describe_silent(const std::vector<int>& silent) {
+  // The host each silent rank said it runs on at the start (kHostKey), where the store knows.
+  static std::vector<std::string> hosts_of(c10d::Store& store, const std::vector<int>& silent) {
+    std::vector<std::string> hosts;
+    for (int r : silent) {
+      const std::string key = kHostKey + std::to_string(r);
+      if (!store.check({key})) {
+        hosts.emplace_back();
+        continue;
+      }
+      const auto bytes = store.get(key);
+      hosts.emplace_back(bytes.begin(), bytes.end());
+    }
+    return hosts;
+  }
+
+  // "ranks 2, 3 on host b (10.0.0.2) stopped answering ...": the ranks grouped by host, so that a
+  // host that went silent (its network, its power) is named as one.
+  static std::string describe_silent(const std::vector<int>& silent,
+                                     const std::vector<std::string>& hosts = {}) {
     if (silent.empty()) return {};
-    std::string names;
-    const size_t shown = std::min<size_t>(silent.size(), 8);
-    for (size_t i = 0; i < shown; ++i) names += (i ? ", " : "") + std::to_string(silent[i]);
-    if (silent.size() > shown) names += " and " + std::to_string(silent.size() - shown) + " more";
-    return (silent.size() == 1 ? "rank " : "ranks ") + names +
-           " stopped answering (no word within 1 s of this rank's failure): hung, stopped or dead";
+    std::vector<std::pair<std::string, std::vector<int>>> by_host;
+    for (size_t i = 0; i < silent.size(); ++i) {
+      const std::string host = i < hosts.size() ? hosts[i] : std::string();
+      auto it = std::find_if(by_host.begin(), by_host.end(),
+                             [&](const auto& entry) { return entry.first == host; });
+      if (it == by_host.end()) it = by_host.insert(by_host.end(), {host, {}});
+      it->second.push_back(silent[i]);
+    }
+    std::string text;
+    for (const auto& [host, ranks] : by_host) {
+      std::string names;
+      const size_t shown = std::min<size_t>(ranks.size(), 8);
+      for (size_t i = 0; i < shown; ++i) names += (i ? ", " : "") + std::to_string(ranks[i]);
+      if (ranks.size() > shown) names += " and " + std::to_string(ranks.size() - shown) + " more";
+      text += (text.empty() ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") +
+              names + (host.empty() ? "" : " on host " + host);
+    }
+    return text + " stopped answering (no word within 1 s of this rank's failure): hung, " +
+           "stopped or dead";
   }
 
   static constexpr std::chrono::seconds kWordWait{1};
@@ -224,10 +295,48 @@ class ProcessGroupComm final : public Communicator {
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   bool failed_ = false;
+  double seconds_waiting_ = 0.0;
+  std::string store_host_;  // MASTER_ADDR, where rank 0 and the store are; empty on one host
 };
 
 bool is_loopback(const std::string& addr) {
   return addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
+}
+
+// The address of this host that the kernel routes towards `master` from: the interface the
+// other hosts reach this one through. Gloo's default device takes the hostname's address, which
+// on a host with several networks (or one whose hostname resolves to another machine's view of
+// it) need not be reachable from the others; empty when it cannot be told.
+std::string local_address_towards(const std::string& master, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(master.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
+    return {};
+  std::string result;
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  // A UDP connect sends nothing: it only picks the route and with it the source address.
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* where =
+        local.ss_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    if (::inet_ntop(local.ss_family, where, text, sizeof text)) result = text;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return result;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
 }
 
 }  // namespace
@@ -320,6 +429,16 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
                                  : std::string("keel");
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
 
+  // This rank's host, as the others will name it should it go silent (on one host, a loopback
+  // MASTER_ADDR, every rank shares it: not said).
+  const std::string address = is_loopback(env.master_addr)
+                                  ? std::string()
+                                  : local_address_towards(env.master_addr, env.master_port);
+  const std::string host = host_name() + (address.empty() ? "" : " (" + address + ")");
+  if (!is_loopback(env.master_addr))
+    prefixed->set(std::string(kHostKey) + std::to_string(env.rank),
+                  std::vector<uint8_t>(host.begin(), host.end()));
+
   config::Backend backend = cfg.backend;
   if (backend == config::Backend::kAuto)
     backend = device.is_cuda() ? config::Backend::kNccl : config::Backend::kGloo;
@@ -335,19 +454,23 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
   } else {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     // On one host (keel launch, MASTER_ADDR loopback) Gloo binds to loopback only; otherwise to
-    // GLOO_SOCKET_IFNAME when set (torch's convention), else to this host's address.
+    // GLOO_SOCKET_IFNAME when set (torch's convention), else to the address this host reaches
+    // MASTER_ADDR from, else to the hostname's address (Gloo's default).
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
     else if (is_loopback(env.master_addr))
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else if (!address.empty())
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address));
     else
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
   }
-  log::info("dist", "rank {} of {} ({} from {}), {} over {}:{}", env.rank, env.world_size,
-            env.local_rank, env.launcher, config::name_of(backend), env.master_addr,
-            env.master_port);
-  return std::make_unique<ProcessGroupComm>(prefixed, pg, env.rank, env.world_size, timeout);
+  log::info("dist", "rank {} of {} ({} from {}), {} over {}:{}, on host {}", env.rank,
+            env.world_size, env.local_rank, env.launcher, config::name_of(backend), env.master_addr,
+            env.master_port, host);
+  return std::make_unique<ProcessGroupComm>(prefixed, pg, env.rank, env.world_size, timeout,
+                                            is_loopback(env.master_addr) ? "" : env.master_addr);
 }
 
 }  // namespace keel::distributed
