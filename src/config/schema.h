@@ -73,11 +73,12 @@ enum class FaultKind {
   kRepeatData,
   kGradGrowth,
   kCorruptGrad,
-  kFlipBit
+  kFlipBit,
+  kSlowRank
 };
 KEEL_CHOICE(FaultKind, "corrupt_batch", "nan_grad", "lr_spike", "loader_stall", "drop_samples",
             "crash", "splice_data", "hang", "repeat_data", "grad_growth", "corrupt_grad",
-            "flip_bit");
+            "flip_bit", "slow_rank");
 enum class CorruptMode { kRandomTokens, kRepeatToken, kShuffled };
 KEEL_CHOICE(CorruptMode, "random_tokens", "repeat_token", "shuffled");
 // stability.screen.low: what becomes of samples far below the baseline, or repeating content
@@ -335,10 +336,11 @@ struct FaultSpec {
   // are at the region's end (a geometric ramp; the update itself is unchanged); corrupt_grad: the
   // multiplier on the rank's gradient (1, the default, means kCorruptGradFactor)
   double factor = 1.0;
-  double seconds = 0.0;  // loader_stall duration; hang: how long (0: until killed)
-  std::string path;      // splice_data: a prepared dataset whose windows replace the data
-  int64_t rank = -1;     // only this rank is hit (-1: every rank)
-  int64_t period = 10;   // repeat_data: the documents come back every `period` steps
+  // loader_stall duration; hang: how long (0: until killed); slow_rank: the delay in each step
+  double seconds = 0.0;
+  std::string path;     // splice_data: a prepared dataset whose windows replace the data
+  int64_t rank = -1;    // only this rank is hit (-1: every rank)
+  int64_t period = 10;  // repeat_data: the documents come back every `period` steps
   // corrupt_grad: the rank computes wrong every time (a replay of the step too), not once
   bool persistent = false;
   bool operator==(const FaultSpec&) const = default;

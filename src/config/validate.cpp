@@ -379,7 +379,8 @@ void check_faults(Checker& c, const std::vector<FaultSpec>& faults) {
     if (f.kind == FaultKind::kLrSpike) c.positive(key + ".factor", f.factor);
     if (f.kind == FaultKind::kDropSamples)
       c.in_range(key + ".factor", f.factor, 0, 1, Ends::kOpenLow);
-    if (f.kind == FaultKind::kLoaderStall) c.positive(key + ".seconds", f.seconds);
+    if (f.kind == FaultKind::kLoaderStall || f.kind == FaultKind::kSlowRank)
+      c.positive(key + ".seconds", f.seconds);
     if (f.kind == FaultKind::kRepeatData) c.at_least(key + ".period", f.period, 1);
     if (f.kind == FaultKind::kGradGrowth)
       c.in_range(key + ".factor", f.factor, 1, kInf, Ends::kOpen);

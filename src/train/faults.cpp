@@ -130,6 +130,8 @@ void FaultInjector::after_backward(int64_t iteration, const std::vector<torch::T
       while (f.seconds <= 0 || std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    if (f.kind == config::FaultKind::kSlowRank && active(f, iteration))  // a slower machine
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(f.seconds * 1e6)));
     if (f.kind == config::FaultKind::kNanGrad && active(f, iteration)) {
       for (const auto& p : params)
         if (p.grad().defined()) {

@@ -23,10 +23,13 @@
 //                  weight flips (2^-7 of its value), as a memory error would: a replica that no
 //                  longer holds what the others hold, which only the replicas' comparison
 //                  (stability.replica_check_every) sees.
-//   nan_grad, lr_spike, crash, hang
+//   nan_grad, lr_spike, crash, hang, slow_rank
 //                  numerical or process events keyed to the iteration counter (optimizer-step
 //                  attempts, which keeps counting through rollbacks), so a rollback does not replay
 //                  them. hang: the rank stays alive and stops answering (`seconds`, 0: forever).
+//                  slow_rank: the rank sleeps `seconds` after each backward pass of its
+//                  iterations [at_step, at_step+steps), as a slower or throttled machine would:
+//                  the others wait for it, and the straggler watch names it.
 //   loader_stall, drop_samples live in the data loader.
 //
 // Owns: this rank's faults, the spliced datasets, repeat_data's documents once taken and the

@@ -85,6 +85,10 @@ void StepRecord::write(const StepFigures& f) {
   if (f.guarded) rec.add("clip_rate", static_cast<double>(w.clipped) / steps);
   if (f.loss_scale) rec.add("loss_scale", *f.loss_scale);
   if (f.several_ranks) rec.add("comm_ms", w.comm_s * 1e3 / steps);
+  if (f.stragglers)
+    rec.add("slowest_rank", f.stragglers->slowest_rank)
+        .add("rank_lag_ms", f.stragglers->lag_ms)
+        .add("median_rank_work_ms", f.stragglers->median_ms);
   rec.add("tokens_seen", f.tokens_seen).add("samples_seen", f.samples_seen);
   if (f.grad_accum) rec.add("grad_accum", *f.grad_accum);
   if (f.guarded) {
@@ -194,8 +198,42 @@ void Trainer::State::record_step(const StepResult& r, double lr,
   for (size_t i = 0; i < attention.size() && i < prefixes.size(); ++i)
     f.attention_output_std.emplace_back(prefixes[i].substr(0, prefixes[i].size() - 1),
                                         attention[i]);
+  std::optional<int> straggler;
+  if (comm.is_process_group()) {
+    f.stragglers = monitor::StragglerWatch::figures(ranks_work_ms(window));
+    if (f.stragglers && comm.is_main()) straggler = record.stragglers.observe(*f.stragglers);
+  }
   record.step_record->write(f);
   for (const auto& e : periodic) event(e);
+  if (straggler) event(straggler_warning(*f.stragglers));
+}
+
+// Every rank's own work per applied step in the closing window: its time less what it waited
+// for collectives. One all-gather of a number per rank, at logged steps only.
+std::vector<double> Trainer::State::ranks_work_ms(const LogWindow& window) {
+  const double waited = comm.seconds_waiting() - record.waited_s;
+  const double own_s = std::max(seconds_since(window.start) - waited, 0.0);
+  const double per_step_ms = own_s * 1e3 / static_cast<double>(std::max<int64_t>(window.steps, 1));
+  const auto all =
+      comm.all_gather(torch::tensor({per_step_ms}, torch::kFloat64).to(device)).to(torch::kCPU);
+  record.waited_s = comm.seconds_waiting();  // the gather's own wait belongs to the next window
+  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+}
+
+guard::GuardEvent Trainer::State::straggler_warning(const monitor::StragglerFigures& f) const {
+  const std::string host = comm.host_of(f.slowest_rank);
+  const int windows = record.stragglers.streak();
+  const std::string message = fmt::format(
+      "rank {}{} is the slowest rank in {} logged windows in a row: its own work takes {:.1f} ms a "
+      "step against the median rank's {:.1f} ms (+{:.0f} %), and every other rank waits for it; "
+      "look at that machine (thermal throttling, another job on it, its data loader, a slow link)",
+      f.slowest_rank, host.empty() ? "" : " on host " + host, windows, f.slowest_ms, f.median_ms,
+      100.0 * f.lag_ms / std::max(f.median_ms, 1e-9));
+  nlohmann::json detail = {
+      {"signal", "straggler"},        {"rank", f.slowest_rank},        {"lag_ms", f.lag_ms},
+      {"rank_work_ms", f.slowest_ms}, {"median_work_ms", f.median_ms}, {"windows", windows}};
+  if (!host.empty()) detail["host"] = host;
+  return guard::GuardEvent(EventKind::kWarn, detail, message);
 }
 
 std::vector<double> Trainer::State::attention_std_agreed() {

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "monitor/progress.h"
 #include "monitor/run_files.h"
+#include "monitor/straggler_watch.h"
 
 namespace keel::train {
 
@@ -75,6 +76,9 @@ struct StepFigures {
   // The largest layer's attention-output std over its value at initialisation (the schedule
   // watch's reading), where the guard holds that baseline.
   std::optional<double> attention_growth;
+  // Several ranks: the rank whose own work (its step time less its waiting for collectives) was
+  // the most in the window, and how far behind the median rank (ms per step).
+  std::optional<monitor::StragglerFigures> stragglers;
 };
 
 // The seed's data statistics over a logging window's applied steps: the kept samples' loss

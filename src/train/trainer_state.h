@@ -33,6 +33,7 @@
 #include "monitor/progress.h"
 #include "monitor/run_files.h"
 #include "monitor/step_profiler.h"
+#include "monitor/straggler_watch.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
 #include "train/accumulation.h"
@@ -130,6 +131,8 @@ struct Trainer::State {
   // The attention-output std per layer of the last forward pass, averaged over the ranks (so
   // every rank's guard judges the same values).
   std::vector<double> attention_std_agreed();
+  std::vector<double> ranks_work_ms(const LogWindow& window);  // all ranks take part
+  guard::GuardEvent straggler_warning(const monitor::StragglerFigures& f) const;
   void act_on_schedule();
   // `v`: the guard's verdict (null when the guard is off).
   void record_step(const StepResult& r, double lr, const std::vector<double>& update_ratios,
@@ -242,6 +245,8 @@ struct Trainer::State {
     std::unique_ptr<MemoryWatch> memory_watch;        // the plan against the measured peak
     std::optional<double> loss_floor;                 // synthetic data: the chain's entropy rate
     double last_val_loss = std::numeric_limits<double>::quiet_NaN();
+    monitor::StragglerWatch stragglers;  // rank 0: which rank the others wait for
+    double waited_s = 0.0;               // this rank's collective waiting when the window opened
   } record;
 
   // Checkpoints.

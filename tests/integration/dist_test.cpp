@@ -535,6 +535,37 @@ std::optional<std::chrono::system_clock::time_point> logged_at(const std::string
          std::chrono::milliseconds(std::stoi(m[2].str()));
 }
 
+// Stragglers (issue 50): a rank made slower by 40 ms a step (the slow_rank fault) is named in one
+// warn once it has been the slowest in 5 logged windows in a row, and every logged step carries the
+// slowest rank and its lag; the same job without the fault warns of no straggler.
+TEST(DistIntegration, ASlowRankIsNamedAsTheStraggler) {
+  ScratchDir slow("dist_straggler"), clean("dist_no_straggler");
+  auto r = run_keel("launch --nproc 2 -- " + tiny_args(slow, 8, 30) +
+                    " --set 'faults=[{kind: slow_rank, rank: 1, seconds: 0.04, at_step: 1, "
+                    "steps: 1000}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int warns = 0;
+  for (auto& e : read_jsonl(slow.path() / "events.jsonl"))
+    if (e["kind"] == "warn" && e["detail"]["signal"] == "straggler") {
+      ++warns;
+      EXPECT_EQ(e["detail"]["rank"], 1) << e;
+      EXPECT_GE(e["detail"]["lag_ms"].get<double>(), 30.0) << e;
+    }
+  EXPECT_EQ(warns, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 is the slowest rank in 5 logged windows in a row"),
+            std::string::npos)
+      << r.output;
+  const auto metrics = read_jsonl(slow.path() / "metrics.jsonl");
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_EQ(metrics.back()["slowest_rank"], 1);
+  EXPECT_GE(metrics.back()["rank_lag_ms"].get<double>(), 30.0);
+
+  r = run_keel("launch --nproc 2 -- " + tiny_args(clean, 8, 30));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (auto& e : read_jsonl(clean.path() / "events.jsonl"))
+    EXPECT_FALSE(e["kind"] == "warn" && e["detail"]["signal"] == "straggler") << e;
+}
+
 // A rank that hangs (alive, silent, deaf to SIGTERM) ends the job within distributed.timeout_s
 // + 5 s of the hang, and the others name it: rank 1, and rank 0, which hosts the store.
 TEST(DistIntegration, AHungRankEndsTheJobWithinTheTimeoutNamingIt) {
