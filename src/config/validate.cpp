@@ -554,12 +554,6 @@ std::vector<Diagnostic> validate(const LoadedConfig& loaded, const ValidateOptio
   check_stability(c, cfg.stability);
   check_periodic(c, cfg);
   check_distributed(c, cfg.distributed, cfg.run);
-  if (options.world_size > 1 && cfg.checkpoint.async)
-    c.error("checkpoint.async",
-            "true with " + num(options.world_size) +
-                " ranks: the writer thread's barrier would race the training collectives (an "
-                "out-of-band store barrier is not built yet); set it to false for a multi-rank "
-                "run");
   check_faults(c, cfg.faults);
   check_validated(c, cfg, options.world_size);
   if (options.data_vocab_size) check_vocab(c, cfg.model, *options.data_vocab_size);

@@ -41,6 +41,10 @@ class Communicator {
   // Every rank's `tensor` (the same shape on each), concatenated along dim 0 in rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  // A barrier through the rendezvous store instead of the process group, so another thread can
+  // pass it while this one runs collectives (the async checkpoint writer). `name` must be the
+  // same on every rank and new for each barrier. Throws DistError after distributed.timeout_s.
+  virtual void barrier_out_of_band(const std::string& name) { (void)name; }
   // Starts an in-place sum of `flat` across ranks and returns at once, so the caller can go on
   // computing while it runs (gradient buckets during the backward pass). Every rank must start
   // the same collectives in the same order. The default runs it to completion here.

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -143,6 +144,25 @@ class ProcessGroupComm final : public Communicator {
                                      "all_reduce (gradient bucket)");
   }
 
+  void barrier_out_of_band(const std::string& name) override {
+    const std::string key = "oob_barrier/" + name;
+    store_->add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    int64_t arrived = 0;
+    while ((arrived = store_->add(key, 0)) < world_) {
+      // Once a collective failed the job is ending: a writer thread waiting here for a dead rank
+      // gives up instead of holding the process until the timeout.
+      if (failed_)
+        throw DistError("barrier '" + name + "' (through the store) on rank " +
+                        std::to_string(rank_) + ": abandoned, the job's collectives failed");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw DistError("barrier '" + name + "' (through the store) on rank " +
+                        std::to_string(rank_) + ": " + std::to_string(arrived) + " of " +
+                        std::to_string(world_) + " ranks arrived within distributed.timeout_s = " +
+                        std::to_string(timeout_.count() / 1000));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   double seconds_waiting() const override { return seconds_waiting_; }
   std::string host_of(int rank) const override {
     try {
@@ -294,7 +314,7 @@ class ProcessGroupComm final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> pg_;
   int rank_, world_;
   std::chrono::milliseconds timeout_;
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};  // a collective failed: set by the training thread
   double seconds_waiting_ = 0.0;
   std::string store_host_;  // MASTER_ADDR, where rank 0 and the store are; empty on one host
 };

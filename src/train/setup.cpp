@@ -202,10 +202,6 @@ void Trainer::State::configure_process() {
 
 void Trainer::State::build() {
   configure_process();
-  if (comm.world_size() > 1 && cfg.checkpoint.async)
-    throw ConfigError(
-        "checkpoint.async with several ranks: the writer thread's barrier would race the "
-        "training collectives (an out-of-band store barrier is not built yet); set it to false");
   compute.precision = cfg.run.precision;
   build_model();
 
@@ -323,9 +319,16 @@ void Trainer::State::open_record() {
   record.step_record = std::make_unique<StepRecord>(record.files, *record.progress,
                                                     cfg.run.max_steps, record.loss_floor);
   const int rank = comm.rank(), world = comm.world_size();
+  // An async save's barriers run on its writer thread while training runs collectives: they go
+  // through the store. Every rank saves at the same steps, so the count names the same barrier.
+  checkpoint::Checkpointer::Barrier barrier = [this] { comm.barrier(); };
+  if (cfg.checkpoint.async && comm.is_process_group())
+    barrier = [this, count = int64_t{0}]() mutable {
+      comm.barrier_out_of_band("checkpoint/" + std::to_string(count++));
+    };
   saves.checkpointer = std::make_unique<checkpoint::Checkpointer>(
       config::checkpoint_dir(cfg, launch.run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
-      checkpoint::xxh3_hex_of(launch.resolved_yaml), [this] { comm.barrier(); });
+      checkpoint::xxh3_hex_of(launch.resolved_yaml), barrier);
   defence.forensics =
       std::make_unique<Forensics>(launch.run_dir, cfg.stability.top_k_samples,
                                   compute.layers->names(), comm, device, *feed.train_data);
