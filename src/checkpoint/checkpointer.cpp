@@ -18,6 +18,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/snapshot.h"
 #include "checkpoint/tensor_file.h"
 #include "common/clock.h"
 #include "common/error.h"
@@ -144,26 +145,6 @@ TensorMap load_tensors(const fs::path& dir, const Manifest& m, const std::string
   }
   check_digest(dir, m, name, d);
   return std::move(c.tensors);
-}
-
-// A deep CPU copy, taken on the caller's thread, so training may modify the originals at once.
-// CPU tensors are copied with one memcpy each rather than torch's copy: that one fans out to the
-// intra-op thread pool, whose spinning threads make the stall erratic on a busy machine.
-std::map<std::string, torch::Tensor> snapshot(const std::map<std::string, torch::Tensor>& in) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [k, t] : in) {
-    torch::Tensor src = t.detach();
-    torch::Tensor copy;
-    if (src.device().is_cpu() && src.is_contiguous() && src.layout() == torch::kStrided) {
-      copy = torch::empty(src.sizes(), src.options());
-      if (src.nbytes() > 0) std::memcpy(copy.data_ptr(), src.data_ptr(), src.nbytes());
-    } else {
-      copy = src.to(torch::TensorOptions().device(torch::kCPU), /*non_blocking=*/false,
-                    /*copy=*/true, torch::MemoryFormat::Contiguous);
-    }
-    out.emplace(k, std::move(copy));
-  }
-  return out;
 }
 
 // For which = latest|stable: tries the pointer's target, then every other step_* newest first
@@ -439,6 +420,7 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
   wait();
   fs::path final_dir = dir_ / step_dir_name(step);
   if (!cfg_.async) {
+    hold(step, data, stable, /*copy=*/true);
     write_checkpoint(step, data, stable);
     last_stall_s_ = last_write_s_ = seconds_since(t0);
     return final_dir;
@@ -446,6 +428,7 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
   data.model = snapshot(data.model);
   data.optimizer = snapshot(data.optimizer);
   data.extra_tensors = snapshot(data.extra_tensors);
+  hold(step, data, stable, /*copy=*/false);  // shares the writer's snapshot: both only read it
   writer_ = std::thread([this, step, stable, d = std::move(data)] {
     auto t1 = Clock::now();
     try {
@@ -461,6 +444,10 @@ fs::path Checkpointer::save(int64_t step, CheckpointData data, bool stable) {
 
 void Checkpointer::promote_to_stable(int64_t step) {
   wait();
+  if (candidate_.step == step) {
+    stable_held_ = std::move(candidate_);
+    candidate_ = Held();
+  }
   if (rank_ != 0) return;
   const std::string name = step_dir_name(step);
   const fs::path dir = dir_ / name;
@@ -512,6 +499,8 @@ std::optional<fs::path> newest_written_checkpoint(const fs::path& checkpoints_di
 std::optional<LoadedCheckpoint> Checkpointer::load_newest(Pointer which,
                                                           std::optional<int64_t> at_most) {
   wait();
+  if (which == Pointer::kStable)
+    if (auto held = held_stable(at_most)) return held;
   return load_newest_checkpoint(dir_, which, rank_, world_size_, at_most);
 }
 

@@ -163,6 +163,7 @@ void verify_file(const std::filesystem::path& dir, const Manifest& m, const std:
 struct LoadedCheckpoint {
   std::filesystem::path path;
   CheckpointData data;
+  bool from_memory = false;  // a copy the Checkpointer held, not read from the disk
 };
 
 // The first candidate resolve_checkpoint(checkpoints_dir, which) would consider that loads, read
@@ -205,6 +206,11 @@ class Checkpointer {
   // Marks an existing checkpoint stable: rewrites its MANIFEST atomically, points STABLE at it,
   // applies retention. rank 0 does the work; other ranks return at once.
   void promote_to_stable(int64_t step);
+
+  // Keeps copies of the newest stable snapshot and of the newest checkpoint (which may be promoted
+  // to one) in host memory, as long as together they take at most `bytes` (0: none kept).
+  // load_newest(kStable) then returns the copy of the snapshot STABLE names instead of reading it.
+  void set_memory_limit(uint64_t bytes);
 
   // See resolve_checkpoint / load_checkpoint; these wait for an in-flight save first.
   std::optional<std::filesystem::path> resolve(Pointer which);
@@ -252,6 +258,20 @@ class Checkpointer {
   std::string keel_version_;
   std::string config_hash_;
   Barrier barrier_;
+
+  // A checkpoint's data kept in host memory (set_memory_limit): never modified, handed out as
+  // copies.
+  struct Held {
+    int64_t step = -1;
+    std::filesystem::path path;
+    CheckpointData data;
+    uint64_t bytes = 0;
+  };
+  void hold(int64_t step, const CheckpointData& data, bool stable, bool copy);
+  std::optional<LoadedCheckpoint> held_stable(std::optional<int64_t> at_most) const;
+  uint64_t memory_limit_ = 0;
+  Held candidate_;    // the newest checkpoint, while it may still be promoted
+  Held stable_held_;  // the newest stable snapshot
 
   std::optional<int64_t> kept_;  // keep_also()
   std::thread writer_;           // the in-flight async save, if joinable

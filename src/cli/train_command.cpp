@@ -93,6 +93,7 @@ void register_train(CLI::App& app, int& exit_code) {
     const config::Config cfg = resolved(loaded, validate_options.data_vocab_size);
     if (!options->init_from.empty()) checkpoint::check_hf_config(options->init_from, cfg.model);
     options->local_rank = env.local_rank;
+    options->local_world_size = env.local_world_size;
     const auto comm = distributed::make_process_group(
         env, cfg.distributed, train::select_device(cfg.run.device, env.local_rank));
     train::Trainer trainer(cfg, config::to_yaml(cfg), *options, *comm);

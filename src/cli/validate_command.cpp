@@ -126,6 +126,9 @@ int run_validate(const ValidateFlags& f) {
     print_diagnostics({d});
   }
   report << format_memory_plan(plan, cfg);
+  report << model::format_rollback_memory(
+      plan, cfg,
+      model::rollback_memory_limit(cfg, static_cast<int>(std::max<int64_t>(f.world, 1))));
   std::optional<Rehearsal> rehearsal;
   if (f.rehearse) rehearsal = rehearse(cfg);
   report << format_checklist(

@@ -149,6 +149,7 @@ void visit(V& v, StableConfig& c) {
   v.field("keep", c.keep);
   v.field("window", c.window, kAutoAllowed);
   v.field("require_no_alarms", c.require_no_alarms);
+  v.field("memory_mb", c.memory_mb, kAutoAllowed);
 }
 template <class V>
 void visit(V& v, CheckpointConfig& c) {

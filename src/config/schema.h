@@ -265,6 +265,10 @@ struct StableConfig {
   int64_t keep = 2;
   int64_t window = kAuto;  // auto: one checkpoint interval
   bool require_no_alarms = true;
+  // Host memory (MB) for keeping the newest stable snapshot, and the newest checkpoint that may
+  // become one, as copies a rollback restores from without reading the disk. auto: a quarter of
+  // the host's physical memory shared among its ranks; 0: off (a rollback reads the disk).
+  int64_t memory_mb = kAuto;
   bool operator==(const StableConfig&) const = default;
 };
 

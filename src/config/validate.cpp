@@ -337,6 +337,8 @@ void check_periodic(Checker& c, const Config& cfg) {
   c.at_least("checkpoint.keep_last", cfg.checkpoint.keep_last, 1);
   c.auto_or_at_least("checkpoint.stable.every_steps", cfg.checkpoint.stable.every_steps, 0);
   c.at_least("checkpoint.stable.keep", cfg.checkpoint.stable.keep, 1);
+  if (cfg.checkpoint.stable.memory_mb != kAuto)
+    c.at_least("checkpoint.stable.memory_mb", cfg.checkpoint.stable.memory_mb, 0);
   c.auto_or_at_least("checkpoint.stable.window", cfg.checkpoint.stable.window, 0);
   c.at_least("eval.every_steps", cfg.eval.every_steps, 0);
   c.at_least("eval.batches", cfg.eval.batches, 1);

@@ -1,6 +1,7 @@
 #include "model/memory_plan.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -225,6 +226,41 @@ std::optional<std::string> cheapest_fit(const config::Config& cfg, const MemoryP
     if (fits()) return text();
   }
   return std::nullopt;
+}
+
+double rollback_memory_limit(const config::Config& cfg, int local_ranks) {
+  const int64_t mb = cfg.checkpoint.stable.memory_mb;
+  if (mb != config::kAuto) return static_cast<double>(std::max<int64_t>(mb, 0)) * (1 << 20);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<double>(pages) * static_cast<double>(page) / 4 / std::max(local_ranks, 1);
+}
+
+double rollback_copies_bytes(const MemoryPlan& plan, double limit_bytes) {
+  const double part = plan.weights + plan.optimizer;
+  if (part <= 0 || limit_bytes < part) return 0;
+  return limit_bytes >= 2 * part ? 2 * part : part;
+}
+
+std::string format_rollback_memory(const MemoryPlan& plan, const config::Config& cfg,
+                                   double limit_bytes) {
+  const double part = plan.weights + plan.optimizer;
+  const double kept = rollback_copies_bytes(plan, limit_bytes);
+  const std::string limit =
+      cfg.checkpoint.stable.memory_mb == config::kAuto
+          ? "auto: " + bytes_text(limit_bytes) + ", a quarter of this host's memory"
+          : bytes_text(limit_bytes);
+  if (kept == 0)
+    return fmt::format(
+        "host memory for rollbacks: none kept (a checkpoint part of {} per rank is more than "
+        "checkpoint.stable.memory_mb, {}): a rollback reads the stable snapshot from the disk\n",
+        bytes_text(part), limit);
+  return fmt::format(
+      "host memory for rollbacks: {} per rank ({} of the checkpoint part of {}: the newest stable "
+      "snapshot{}, within checkpoint.stable.memory_mb, {}), on top of the plan{}\n",
+      bytes_text(kept), kept > part ? "two copies" : "one copy", bytes_text(part),
+      kept > part ? " and the newest checkpoint" : "", limit,
+      cfg.run.device == config::Device::kCpu ? " (on the CPU the same memory)" : "");
 }
 
 }  // namespace keel::model

@@ -67,6 +67,16 @@ MemoryPlan plan_memory(const config::Config& cfg, const MemoryPlanOptions& optio
 // "memory plan per rank (...): weights 1.2 GB, ..., total 9.8 GB" for `keel validate`.
 std::string format_memory_plan(const MemoryPlan& plan, const config::Config& cfg);
 
+// The host memory a rank keeps for rollbacks (checkpoint.stable.memory_mb): up to two copies of
+// its checkpoint part (fp32 weights and optimizer state), the newest stable snapshot and the
+// newest checkpoint, as far as the limit holds them. `limit_bytes`: the resolved limit.
+double rollback_copies_bytes(const MemoryPlan& plan, double limit_bytes);
+// checkpoint.stable.memory_mb in bytes; auto: a quarter of this host's physical memory shared
+// among `local_ranks`.
+double rollback_memory_limit(const config::Config& cfg, int local_ranks);
+std::string format_rollback_memory(const MemoryPlan& plan, const config::Config& cfg,
+                                   double limit_bytes);
+
 // The cheapest change to `cfg` that makes the plan fit `budget` bytes per rank, as a sentence
 // naming the keys to set; nullopt when none of the changes keel knows fits. In order: the
 // chunked loss, selective then full activation checkpointing, ZeRO-1, 2 then 3 (several ranks),

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/quarantine_reason.h"
@@ -86,7 +87,8 @@ void Recovery::rollback(const StepEvidence& step) {
   for (const auto& e : d.events)
     if (e.kind == EventKind::kPause) p_.guard_event(e);
   write_forensics(step);
-  // Read (and so verified) once: the newest stable snapshot that loads.
+  // The newest stable snapshot: the copy held in memory, or read (and so verified) once.
+  const auto restore_start = Clock::now();
   auto target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable);
   if (!target)
     throw RunStopped("pause at step " + std::to_string(counters.step) +
@@ -101,6 +103,7 @@ void Recovery::rollback(const StepEvidence& step) {
   // snapshot (which held the offending samples) is never trained on again.
   const bool replay = !cfg.stability.rollback.skip_data;
   p_.restore(target->data, /*restore_data=*/replay);
+  const double restore_s = seconds_since(restore_start);
   const nlohmann::json set_aside_detail =
       replay ? nlohmann::json(nullptr)
              : skip_window(target->data.trainer_state.at("data"), stable_micro, d.skip_ahead_steps,
@@ -115,6 +118,8 @@ void Recovery::rollback(const StepEvidence& step) {
                                   {"to_step", counters.step},
                                   {"incident", d.incident},
                                   {"checkpoint", target->path.string()},
+                                  {"restored_from", target->from_memory ? "memory" : "disk"},
+                                  {"restore_s", restore_s},
                                   {"quarantine", set_aside_detail}});
   const int64_t recovery = cfg.stability.recovery.steps;  // resolved in config
   p_.event(EventKind::kRecoveryStart, {{"steps", recovery},
@@ -137,6 +142,7 @@ void Recovery::rollback(const StepEvidence& step) {
 
 void Recovery::back_off(const guard::Backoff& b) {
   TrainCounters& counters = *p_.counters;
+  const auto restore_start = Clock::now();
   auto target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable, b.restart_step);
   const bool before_trouble = target.has_value();
   if (!target) target = p_.checkpointer->load_newest(checkpoint::Pointer::kStable);
@@ -151,6 +157,7 @@ void Recovery::back_off(const guard::Backoff& b) {
   const int64_t from_step = counters.step;
   const int64_t iteration = counters.iteration;
   p_.restore(target->data, /*restore_data=*/true);
+  const double restore_s = seconds_since(restore_start);
   counters.catch_up_iteration(iteration);  // attempts only move forward
   p_.checkpointer->abandon_after(counters.step);
   p_.files->replay_from(counters.step + 1);
@@ -160,6 +167,8 @@ void Recovery::back_off(const guard::Backoff& b) {
   p_.event(EventKind::kScheduleBackoff, {{"from_step", from_step},
                                          {"to_step", counters.step},
                                          {"checkpoint", target->path.string()},
+                                         {"restored_from", target->from_memory ? "memory" : "disk"},
+                                         {"restore_s", restore_s},
                                          {"before_trouble", before_trouble},
                                          {"from_lr", peak * b.from_scale},
                                          {"to_lr", peak * b.to_scale},

@@ -200,6 +200,12 @@ void Trainer::State::configure_process() {
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
 }
 
+// checkpoint.stable.memory_mb resolved: auto is a quarter of this host's physical memory, shared
+// among the ranks on it.
+uint64_t Trainer::State::snapshot_memory_limit() const {
+  return static_cast<uint64_t>(model::rollback_memory_limit(cfg, launch.options.local_world_size));
+}
+
 void Trainer::State::build() {
   configure_process();
   compute.precision = cfg.run.precision;
@@ -329,6 +335,7 @@ void Trainer::State::open_record() {
   saves.checkpointer = std::make_unique<checkpoint::Checkpointer>(
       config::checkpoint_dir(cfg, launch.run_dir), cfg.checkpoint, rank, world, KEEL_VERSION,
       checkpoint::xxh3_hex_of(launch.resolved_yaml), barrier);
+  saves.checkpointer->set_memory_limit(snapshot_memory_limit());
   defence.forensics =
       std::make_unique<Forensics>(launch.run_dir, cfg.stability.top_k_samples,
                                   compute.layers->names(), comm, device, *feed.train_data);

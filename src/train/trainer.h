@@ -41,7 +41,8 @@ struct TrainOptions {
   std::string run_dir;  // empty: run.out_dir/run.name
   ResumeRequest resume;
   ResumeData resume_data = ResumeData::kSkip;
-  int local_rank = 0;  // several ranks on a host: this one's GPU
+  int local_rank = 0;        // several ranks on a host: this one's GPU
+  int local_world_size = 1;  // ranks on this host: they share its memory
   // A Hugging Face model directory (`keel export --format hf` writes one) whose weights replace
   // the initial ones; its config.json must match the model section. A resume that finds a
   // checkpoint loads the checkpoint's weights instead.

@@ -162,6 +162,7 @@ struct Trainer::State {
   // the guard only when asked.
   void restore(const checkpoint::CheckpointData& data, bool restore_data, bool restore_guard);
   void save_checkpoint(bool stable);
+  uint64_t snapshot_memory_limit() const;  // checkpoint.stable.memory_mb, resolved
   void maybe_checkpoint();
   // The record of the resume setup restored: events, the newer record dropped, a recovery.
   void record_resume();

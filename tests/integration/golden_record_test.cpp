@@ -28,7 +28,7 @@ bool is_timing(const std::string& key) {
   static const std::set<std::string> kTimings = {
       "tokens_per_s", "step_ms",    "loader_wait_ms", "guard_ms", "comm_ms",      "queue_depth",
       "stall_s",      "seconds",    "wait_ms",        "waits",    "save_stall_s", "step_s",
-      "overhead",     "peak_bytes", "peak_over_plan", "replay_s"};
+      "overhead",     "peak_bytes", "peak_over_plan", "replay_s", "restore_s"};
   return kTimings.count(key) > 0;
 }
 

@@ -206,6 +206,34 @@ TEST(GuardIntegration, ABrokenModelRollsBackToStable) {
   EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"].get<int64_t>(), 60);
 }
 
+// Rollback from memory (issue 50): by default the stable snapshot a rollback goes back to is the
+// copy each rank holds in host memory; with checkpoint.stable.memory_mb=0 it is read from the disk.
+// Both give the same run, loss for loss, and each rollback event says where it restored from and
+// how long it took.
+TEST(GuardIntegration, ARollbackRestoresFromMemoryAsItWouldFromDisk) {
+  ScratchDir memory("guard_rollback_memory"), disk("guard_rollback_disk");
+  const std::string fault = "{kind: lr_spike, factor: 100, at_step: 44, steps: 1}";
+  const std::string extra = "--set checkpoint.stable.window=5 --set stability.recovery.steps=5";
+  auto r = run_keel(guard_run(memory, fault, extra));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_keel(guard_run(disk, fault, extra + " --set checkpoint.stable.memory_mb=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto restored = [](const ScratchDir& d) {
+    std::vector<std::string> from;
+    for (auto& e : read_jsonl(d.path() / "events.jsonl"))
+      if (e["kind"] == "rollback") {
+        EXPECT_GE(e["detail"]["restore_s"].get<double>(), 0.0) << e;
+        from.push_back(e["detail"]["restored_from"].get<std::string>());
+      }
+    return from;
+  };
+  const auto from_memory = restored(memory), from_disk = restored(disk);
+  ASSERT_FALSE(from_memory.empty());
+  EXPECT_EQ(from_memory, std::vector<std::string>(from_memory.size(), "memory"));
+  EXPECT_EQ(from_disk, std::vector<std::string>(from_memory.size(), "disk"));
+  EXPECT_EQ(losses_by_step(memory.path()), losses_by_step(disk.path()));
+}
+
 // Garbage data with a healthy model: the alarm finds the model no worse than the stable snapshot,
 // so the step is dropped and its samples set aside; nothing rolls back.
 TEST(GuardIntegration, BadDataWithAHealthyModelIsDroppedNotRolledBack) {

@@ -439,5 +439,59 @@ TEST_F(CheckpointerTest, WeightReaderReadsRangesFromWholeWeightsOrParts) {
   }
 }
 
+// Rollback from memory (issue 50): with a memory limit the newest stable snapshot is held in host
+// memory and load_newest(kStable) hands out a copy of it, equal to what the disk holds, without
+// reading the disk; a checkpoint promoted later is held as well; the copy is the caller's (the
+// held one is untouched when it is modified); once STABLE names a snapshot not held, or the held
+// one was moved away, or without a limit, the disk is read.
+TEST_F(CheckpointerTest, TheStableSnapshotIsRestoredFromMemoryWhereItIsHeld) {
+  for (const bool async : {false, true}) {
+    config::CheckpointConfig cfg;
+    cfg.async = async;
+    const fs::path dir = dir_ / (async ? "async" : "sync");
+    auto ck = make(cfg, dir);
+    ck->set_memory_limit(64 << 20);
+    const CheckpointData one = make_data(1), two = make_data(2);
+    ck->save(1, one, /*stable=*/true);
+    auto held = ck->load_newest(Pointer::kStable);
+    ASSERT_TRUE(held);
+    EXPECT_TRUE(held->from_memory);
+    EXPECT_EQ(held->path.filename(), "step_00000001");
+    expect_same(held->data, one);
+    expect_same(held->data, ck->load(held->path));  // what the disk holds
+    held->data.model["embed.weight"].add_(1.0f);    // the caller's copy
+    expect_same(ck->load_newest(Pointer::kStable)->data, one);
+
+    ck->save(2, two);  // a candidate, held beside the snapshot
+    ck->promote_to_stable(2);
+    held = ck->load_newest(Pointer::kStable);
+    ASSERT_TRUE(held);
+    EXPECT_TRUE(held->from_memory);
+    EXPECT_EQ(held->path.filename(), "step_00000002");
+    expect_same(held->data, two);
+    // A back-off to before step 2 reads step 1 from the disk.
+    held = ck->load_newest(Pointer::kStable, 1);
+    ASSERT_TRUE(held);
+    EXPECT_FALSE(held->from_memory);
+    expect_same(held->data, one);
+
+    // Moved away (an abandoned timeline after step 1): the held copy is not the one to restore.
+    ck->abandon_after(1);
+    held = ck->load_newest(Pointer::kStable);
+    ASSERT_TRUE(held);
+    EXPECT_FALSE(held->from_memory);
+    expect_same(held->data, one);
+
+    auto no_memory = make(cfg, dir_ / (async ? "async0" : "sync0"));
+    no_memory->save(1, one, true);
+    EXPECT_FALSE(no_memory->load_newest(Pointer::kStable)->from_memory);
+    // A limit smaller than the checkpoint holds nothing.
+    auto small = make(cfg, dir_ / (async ? "async1" : "sync1"));
+    small->set_memory_limit(1024);
+    small->save(1, one, true);
+    EXPECT_FALSE(small->load_newest(Pointer::kStable)->from_memory);
+  }
+}
+
 }  // namespace
 }  // namespace keel::checkpoint
