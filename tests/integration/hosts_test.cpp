@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -76,11 +77,16 @@ struct HostLaunch {
 
   static HostLaunch start(const TestHosts& hosts, int host, const std::string& keel_args,
                           const std::filesystem::path& dir) {
+    return run_on(hosts, host, std::string(kKeelBinary) + " " + keel_args, dir);
+  }
+  // Any command on host h, in the background.
+  static HostLaunch run_on(const TestHosts& hosts, int host, const std::string& command,
+                           const std::filesystem::path& dir) {
     HostLaunch l;
     l.log = dir / ("host" + std::to_string(host) + ".log");
     l.status = dir / ("host" + std::to_string(host) + ".status");
-    const std::string cmd = "(" + hosts.on(host, std::string(kKeelBinary) + " " + keel_args) +
-                            " > " + l.log.string() + " 2>&1; echo $? > " + l.status.string() +
+    const std::string cmd = "(" + hosts.on(host, command) + " > " + l.log.string() +
+                            " 2>&1; echo $? > " + l.status.string() +
                             ") > /dev/null 2>&1 & echo $!";
     std::FILE* p = popen(cmd.c_str(), "r");
     if (p) {
@@ -116,6 +122,17 @@ std::string train_args(const ScratchDir& d, int steps, const std::string& extra 
          " --set run.max_steps=" + std::to_string(steps) + extra;
 }
 
+// One job of 2 hosts x 2 ranks, rendezvous on `port`, `timeout_s` for its collectives, training
+// until it is stopped: host 1's launch, then host 0's.
+std::pair<HostLaunch, HostLaunch> start_job(const TestHosts& hosts, const ScratchDir& d, int port,
+                                            int timeout_s, const std::string& checkpoints) {
+  const std::string train = train_args(
+      d, 100000, checkpoints + " --set distributed.timeout_s=" + std::to_string(timeout_s));
+  HostLaunch b = HostLaunch::start(hosts, 1, launch_args(hosts, 1, port, train), d.path());
+  HostLaunch a = HostLaunch::start(hosts, 0, launch_args(hosts, 0, port, train), d.path());
+  return {a, b};
+}
+
 std::vector<double> losses(const std::filesystem::path& run) {
   std::vector<double> out;
   for (const auto& m : read_jsonl(run / "metrics.jsonl")) out.push_back(m["loss"].get<double>());
@@ -145,6 +162,37 @@ TEST(Hosts, TwoHostsOfTwoRanksTrainAsOneHostOfFour) {
   EXPECT_EQ(across, local);
 }
 
+// The same job under torchrun's own multi-node launch: an agent per host, its c10d rendezvous on
+// the first host's address (that host's agent hosts the store: is_host), node ranks assigned by the
+// rendezvous. keel's ranks join the agent's store; the losses equal one host's four ranks', bit for
+// bit. --local_addr: the test hosts share this machine's hostname, which resolves to an address
+// neither can reach, and torchrun gives rank 0's agent address as MASTER_ADDR (without it the
+// workers wait forever). Skipped without the setup's torchrun.
+TEST(Hosts, TorchrunAcrossTwoHostsTrainsAsOneHostOfFour) {
+  const std::string torchrun = setup_env_program("torchrun");
+  if (torchrun.empty()) GTEST_SKIP() << "torchrun not found in the set-up's environment";
+  TestHosts hosts;
+  REQUIRE_HOSTS(hosts);
+  ScratchDir two("hosts_torchrun"), one("hosts_torchrun_one");
+  const std::string train = train_args(two, 12, " --set checkpoint.every_steps=0");
+  auto agent = [&](int host) {
+    return torchrun + " --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint " +
+           hosts.address(0) + ":29400 --rdzv_id keel_hosts_test --rdzv_conf is_host=" +
+           (host == 0 ? "true" : "false") + " --local_addr " + hosts.address(host) +
+           " --no-python " + kKeelBinary + " " + train;
+  };
+  const auto a = HostLaunch::run_on(hosts, 0, agent(0), two.path());
+  const auto b = HostLaunch::run_on(hosts, 1, agent(1), two.path());
+  ASSERT_EQ(a.wait(std::chrono::seconds(120)), 0) << a.output();
+  ASSERT_EQ(b.wait(std::chrono::seconds(30)), 0) << b.output();
+  auto r =
+      run_keel("launch --nproc 4 -- " + train_args(one, 12, " --set checkpoint.every_steps=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto across = losses(two.path()), local = losses(one.path());
+  ASSERT_EQ(across.size(), 12u);
+  EXPECT_EQ(across, local);
+}
+
 // A host whose link goes down mid-run: both hosts' launches end within distributed.timeout_s +
 // 5 s, the first host naming the silent host's ranks and address; the newest checkpoint is a
 // complete one that verifies, and the next start (here all four ranks on the first host's
@@ -154,11 +202,7 @@ TEST(Hosts, AHostWhoseLinkGoesDownEndsTheJobNamingItAndTheRunResumes) {
   REQUIRE_HOSTS(hosts);
   ScratchDir d("hosts_link_down");
   const int timeout_s = 8;
-  const std::string train = train_args(
-      d, 100000,
-      " --set checkpoint.every_steps=10 --set distributed.timeout_s=" + std::to_string(timeout_s));
-  const auto b = HostLaunch::start(hosts, 1, launch_args(hosts, 1, 29501, train), d.path());
-  const auto a = HostLaunch::start(hosts, 0, launch_args(hosts, 0, 29501, train), d.path());
+  const auto [a, b] = start_job(hosts, d, 29501, timeout_s, " --set checkpoint.every_steps=10");
   // Until a checkpoint past step 0 is committed.
   const auto latest = d.path() / "checkpoints" / "LATEST";
   for (int i = 0; i < 600; ++i) {
@@ -206,11 +250,7 @@ TEST(Hosts, AHostWhoseRanksAreKilledIsNamed) {
   REQUIRE_HOSTS(hosts);
   ScratchDir d("hosts_killed");
   const int timeout_s = 8;
-  const std::string train = train_args(
-      d, 100000,
-      " --set checkpoint.every_steps=0 --set distributed.timeout_s=" + std::to_string(timeout_s));
-  const auto b = HostLaunch::start(hosts, 1, launch_args(hosts, 1, 29502, train), d.path());
-  const auto a = HostLaunch::start(hosts, 0, launch_args(hosts, 0, 29502, train), d.path());
+  const auto [a, b] = start_job(hosts, d, 29502, timeout_s, " --set checkpoint.every_steps=0");
   for (int i = 0; i < 600 && read_jsonl(d.path() / "metrics.jsonl").size() < 5; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto killed = Clock::now();

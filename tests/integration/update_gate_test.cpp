@@ -41,7 +41,10 @@ std::vector<nlohmann::json> guard_record(const ScratchDir& d) {
   std::vector<nlohmann::json> out;
   for (auto e : read_jsonl(d.path() / "events.jsonl")) {
     if (timed.count(e["kind"].get<std::string>())) e.erase("detail");
-    if (e.contains("detail")) e["detail"].erase("replay_s");  // a time
+    if (e.contains("detail")) {  // times
+      e["detail"].erase("replay_s");
+      e["detail"].erase("restore_s");
+    }
     std::string text = e.dump();  // paths inside the run directory, without it
     for (size_t at; (at = text.find(d.str())) != std::string::npos;)
       text.replace(at, d.str().size(), "RUN_DIR");
