@@ -139,6 +139,17 @@ std::vector<double> losses(const std::filesystem::path& run) {
   return out;
 }
 
+// The 12 logged losses of the run in `two` equal, to the bit, those of the same job (train_args)
+// run as 4 ranks on one host in `one`.
+void expect_losses_of_one_host_of_four(const ScratchDir& two, const ScratchDir& one) {
+  auto r =
+      run_keel("launch --nproc 4 -- " + train_args(one, 12, " --set checkpoint.every_steps=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto across = losses(two.path()), local = losses(one.path());
+  ASSERT_EQ(across.size(), 12u);
+  EXPECT_EQ(across, local);
+}
+
 // Two hosts of two ranks train as one host of four ranks does, loss for loss to the bit: the
 // rendezvous on a routed address, each rank's Gloo device on the address its host reaches the
 // first host from.
@@ -153,13 +164,7 @@ TEST(Hosts, TwoHostsOfTwoRanksTrainAsOneHostOfFour) {
   ASSERT_EQ(b.wait(std::chrono::seconds(30)), 0) << b.output();
   EXPECT_NE(a.output().find("gloo over " + hosts.address(0) + ":29500, on host"), std::string::npos)
       << a.output();
-
-  auto r =
-      run_keel("launch --nproc 4 -- " + train_args(one, 12, " --set checkpoint.every_steps=0"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto across = losses(two.path()), local = losses(one.path());
-  ASSERT_EQ(across.size(), 12u);
-  EXPECT_EQ(across, local);
+  expect_losses_of_one_host_of_four(two, one);
 }
 
 // The same job under torchrun's own multi-node launch: an agent per host, its c10d rendezvous on
@@ -185,12 +190,7 @@ TEST(Hosts, TorchrunAcrossTwoHostsTrainsAsOneHostOfFour) {
   const auto b = HostLaunch::run_on(hosts, 1, agent(1), two.path());
   ASSERT_EQ(a.wait(std::chrono::seconds(120)), 0) << a.output();
   ASSERT_EQ(b.wait(std::chrono::seconds(30)), 0) << b.output();
-  auto r =
-      run_keel("launch --nproc 4 -- " + train_args(one, 12, " --set checkpoint.every_steps=0"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto across = losses(two.path()), local = losses(one.path());
-  ASSERT_EQ(across.size(), 12u);
-  EXPECT_EQ(across, local);
+  expect_losses_of_one_host_of_four(two, one);
 }
 
 // A host whose link goes down mid-run: both hosts' launches end within distributed.timeout_s +
