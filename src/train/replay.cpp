@@ -313,7 +313,7 @@ ReplayOutcome Trainer::State::replay_before_blame(const StepResult& r, const Hos
                 ranks_named(found.transient, launch.rank_hosts));
   const guard::Decision d =
       guard->device_fault(counters.iteration, ranks, !found.persistent.empty(), detail, what);
-  if (d.action == guard::Action::kAbort) stop_faulty_device(d);
+  if (d.action == guard::Action::kAbort) stop_faulty_device(d, /*in_step=*/true);
   record_events(d);
   outcome.redo = std::move(replayed);
   return outcome;
@@ -372,16 +372,18 @@ bool Trainer::State::replicas_hold_the_same() {
       guard->device_fault(counters.iteration, odd, /*persistent=*/false, detail, what);
   if (d.action != guard::Action::kAbort) record_events(d);
   restore();  // before a faulty device's stop saves the weights
-  if (d.action == guard::Action::kAbort) stop_faulty_device(d);
+  if (d.action == guard::Action::kAbort) stop_faulty_device(d, /*in_step=*/false);
   return false;
 }
 
 // A device computes wrong: the last applied step (which no faulty device touched) is saved, the
 // faulty ranks' hosts are added to exclude_hosts (which scripts/slurm/train.sbatch leaves out of
-// its requeue), and the run stops with kExitFaultyDevice.
-void Trainer::State::stop_faulty_device(const guard::Decision& d) {
+// its requeue), and the run stops with kExitFaultyDevice. The step in progress is the device's
+// fault, not its data's: the checkpoint holds the data position it began at, so that the resumed
+// run trains on it (as a run on sound devices would have).
+void Trainer::State::stop_faulty_device(const guard::Decision& d, bool in_step) {
   record_events(d);
-  save_checkpoint(/*stable=*/false);
+  save_checkpoint(/*stable=*/false, /*redo_step=*/in_step);
   std::set<std::string> hosts;
   for (int64_t rank : d.faulty_ranks) hosts.insert(host_of(launch.rank_hosts.at(rank)));
   if (comm.is_main()) {

@@ -26,7 +26,7 @@ void set_rng_state(torch::Device device, const torch::Tensor& state) {
 
 }  // namespace
 
-checkpoint::CheckpointData Trainer::State::capture() const {
+checkpoint::CheckpointData Trainer::State::capture(bool redo_step) const {
   checkpoint::CheckpointData data;
   data.model = parallel->weights();
   data.model_in_parts = parallel->weights_in_parts();
@@ -37,9 +37,11 @@ checkpoint::CheckpointData Trainer::State::capture() const {
   if (scaler)
     for (auto& [k, v] : scaler->state_dict()) data.extra_tensors["scaler." + k] = v;
   data.trainer_state = nlohmann::json::object();
-  counters.to_json(data.trainer_state, cfg.data.micro_batch_size, comm.world_size(),
-                   cfg.model.seq_len);
-  data.trainer_state["data"] = feed.train_data->state();
+  TrainCounters saved = counters;
+  if (redo_step) saved.micro_taken = feed.step_start_micro;
+  saved.to_json(data.trainer_state, cfg.data.micro_batch_size, comm.world_size(),
+                cfg.model.seq_len);
+  data.trainer_state["data"] = redo_step ? feed.step_start_data : feed.train_data->state();
   data.trainer_state["schedule"] = {{"kind", config::name_of(cfg.schedule.kind)},
                                     {"step", counters.step}};
   if (guard) data.trainer_state["guard"] = guard->state();
@@ -100,9 +102,10 @@ void Trainer::State::restore(const checkpoint::CheckpointData& data, bool restor
   saves.last_checkpoint_step = counters.step;
 }
 
-void Trainer::State::save_checkpoint(bool stable) {
+void Trainer::State::save_checkpoint(bool stable, bool redo_step) {
   if (stable && guard) defence.probe_reference = probe_loss();
-  auto path = saves.checkpointer->save(counters.step, capture(), stable);
+  if (redo_step) defence.replay.restore_rng(device, 0);  // the step's own, for its redo
+  auto path = saves.checkpointer->save(counters.step, capture(redo_step), stable);
   saves.last_checkpoint_step = counters.step;
   saves.cadence.saved(saves.checkpointer->last_stall_seconds());
   if (stable) defence.screen.quarantine().stable_snapshot_taken();  // no rollback goes back past it

@@ -106,6 +106,10 @@ void Trainer::State::train_step() {
   model->set_record_activation_stats(log_step || baseline || compute.micro_graph != nullptr);
   const Screen::Bounds screen = defence.screen.bounds(counters.step);
 
+  if (guard) {
+    feed.step_start_data = feed.train_data->state();
+    feed.step_start_micro = counters.micro_taken;
+  }
   MicroBatches micro = forward_backward(/*keep_samples=*/guard != nullptr, screen.high, screen.low);
   if (baseline) guard->set_attention_baseline(attention_std_agreed());
   // ZeRO-3 has reduced the gradients already: a fault changes this rank's reduced part.

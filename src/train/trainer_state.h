@@ -115,7 +115,8 @@ struct Trainer::State {
   // The step's micro-batches forward and backward again (rank r computing rank r-`shift`'s),
   // measured; the samples are this rank's own, with the losses the replay gave them.
   StepResult replay_step(const StepResult& r, int64_t shift);
-  [[noreturn]] void stop_faulty_device(const guard::Decision& d);
+  // `in_step`: the step in progress is not applied, and its data is kept for the resumed run.
+  [[noreturn]] void stop_faulty_device(const guard::Decision& d, bool in_step);
   // stability.replica_check_every: whether the ranks' copies agree (when not: on record, and the
   // newest checkpoint restored on every rank).
   bool replicas_hold_the_same();
@@ -157,11 +158,13 @@ struct Trainer::State {
   data::Batch next_batch();
 
   // ---- checkpoints (snapshot.cpp)
-  checkpoint::CheckpointData capture() const;
+  // `redo_step`: the data position (and random state) the step in progress began with, so that
+  // the resumed run computes that step again.
+  checkpoint::CheckpointData capture(bool redo_step = false) const;
   // Restores model/optimizer/scaler/RNG and the step; the other counters, the data position and
   // the guard only when asked.
   void restore(const checkpoint::CheckpointData& data, bool restore_data, bool restore_guard);
-  void save_checkpoint(bool stable);
+  void save_checkpoint(bool stable, bool redo_step = false);
   uint64_t snapshot_memory_limit() const;  // checkpoint.stable.memory_mb, resolved
   void maybe_checkpoint();
   // The record of the resume setup restored: events, the newer record dropped, a recovery.
@@ -221,6 +224,10 @@ struct Trainer::State {
     int64_t tokens_per_step = 0;
     // Micro-batches per step (fixed, or dynamic on the guard's gradient norms).
     Accumulation accumulation;
+    // Where the step in progress began in the data (guard on): a faulty device's stop saves this
+    // position, so that the step is trained on where the run resumes, not skipped.
+    nlohmann::json step_start_data;
+    int64_t step_start_micro = 0;
   } feed{cfg};
 
   // The defences besides the guard itself.

@@ -121,7 +121,7 @@ Verdict Trainer::State::decide(const StepResult& r, const HostFigures& h, double
 void Trainer::State::record_verdict(Verdict& v) {
   defence.screen.quarantine_masked(v.samples, counters, v.decision);
   if (v.action() == guard::Action::kAbort && !v.decision.faulty_ranks.empty())
-    stop_faulty_device(v.decision);
+    stop_faulty_device(v.decision, /*in_step=*/true);
   if (v.action() == guard::Action::kAbort) stop(v.decision);
   record_events(v.decision);
 }

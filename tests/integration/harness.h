@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,15 @@ inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path)
   while (std::getline(in, line))
     if (!line.empty()) records.push_back(nlohmann::json::parse(line));
   return records;
+}
+
+// A run's logged losses by step (metrics.jsonl; where a resumed run logs a step again, its newer
+// line).
+inline std::map<int64_t, double> losses_by_step(const std::filesystem::path& run_dir) {
+  std::map<int64_t, double> out;
+  for (auto& m : read_jsonl(run_dir / "metrics.jsonl"))
+    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  return out;
 }
 
 // Overrides that make the embedded tiny config a run of seconds: every step logged, no periodic

@@ -19,13 +19,6 @@ std::string run_args(const ScratchDir& d, int steps, const std::string& extra = 
          extra;
 }
 
-std::map<int64_t, double> losses(const ScratchDir& d) {
-  std::map<int64_t, double> out;
-  for (auto& m : read_jsonl(d.path() / "metrics.jsonl"))
-    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
-  return out;
-}
-
 std::vector<nlohmann::json> events(const ScratchDir& d, const std::string& kind) {
   std::vector<nlohmann::json> out;
   for (auto& e : read_jsonl(d.path() / "events.jsonl"))
@@ -57,7 +50,7 @@ void expect_one_off_fault_is_the_machines(const std::string& launch, int rank,
   EXPECT_TRUE(read_jsonl(faulty.path() / "quarantine.jsonl").empty()) << "the data is clean";
   EXPECT_TRUE(events(faulty, "pause").empty());
   EXPECT_TRUE(events(faulty, "rollback").empty());
-  const auto want = losses(clean), got = losses(faulty);
+  const auto want = losses_by_step(clean.path()), got = losses_by_step(faulty.path());
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [step, loss] : want)
     EXPECT_NEAR(got.at(step), loss, 1e-4 * loss) << "step " << step;
@@ -81,7 +74,8 @@ TEST(MachineFaults, UnderZeroTwoAndThreeWithAccumulationTheRankIsNamedToo) {
 // A device wrong every time: its data computes right on the other rank, its replay of the other
 // rank's data is wrong too. The job stops with exit 4 after saving the last applied step, names
 // the host and lists it in exclude_hosts; a resume (on a healthy machine: no fault) goes on from
-// that checkpoint.
+// that checkpoint and trains on the data of the step the device got wrong (not skipped): every
+// loss is the clean run's, to the bit.
 TEST(MachineFaults, ADeviceWrongEveryTimeStopsTheJobAfterACheckpoint) {
   ScratchDir d("machine_persistent");
   auto r = run_keel("launch --nproc 2 -- " + run_args(d, 40) +
@@ -110,6 +104,10 @@ TEST(MachineFaults, ADeviceWrongEveryTimeStopsTheJobAfterACheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(read_jsonl(d.path() / "metrics.jsonl").back()["step"], 40);
   EXPECT_EQ(events(d, "resume").back()["detail"]["from_step"], 25) << r.output;
+  ScratchDir clean("machine_persistent_clean");
+  r = run_keel("launch --nproc 2 -- " + run_args(clean, 40));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(losses_by_step(d.path()), losses_by_step(clean.path()));
 }
 
 // One process: a second one-off fault within the window is a device that keeps failing.
@@ -145,7 +143,7 @@ TEST(MachineFaults, AReplicaWhoseWeightsDivergedIsNamedAndEveryRankRestores) {
   EXPECT_NE(r.output.find("checkpoints/step_00000010 on every rank"), std::string::npos)
       << r.output;
   EXPECT_TRUE(read_jsonl(flipped.path() / "quarantine.jsonl").empty());
-  const auto want = losses(clean), got = losses(flipped);
+  const auto want = losses_by_step(clean.path()), got = losses_by_step(flipped.path());
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step;
 }

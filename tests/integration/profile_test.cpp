@@ -13,13 +13,6 @@ namespace keel::testing {
 namespace {
 namespace fs = std::filesystem;
 
-std::map<int64_t, double> losses(const fs::path& run) {
-  std::map<int64_t, double> out;
-  for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
-  return out;
-}
-
 TEST(Profile, RecordsTheAskedStepsWithTheirStagesAndChangesNoLoss) {
   ScratchDir dir("profile");
   const std::string run = kQuickRun + " --set run.max_steps=10 --set data.grad_accum_steps=2";
@@ -58,7 +51,7 @@ TEST(Profile, RecordsTheAskedStepsWithTheirStagesAndChangesNoLoss) {
   r = run_keel("train --run-dir " + (dir / "plain") + run);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(fs::exists(dir.path() / "plain/profile"));
-  const auto a = losses(dir.path() / "profiled"), b = losses(dir.path() / "plain");
+  const auto a = losses_by_step(dir.path() / "profiled"), b = losses_by_step(dir.path() / "plain");
   ASSERT_EQ(a.size(), 10u);
   EXPECT_EQ(a, b);
 

@@ -14,13 +14,6 @@ namespace {
 
 const std::string kShort = kQuickRun;
 
-std::map<int64_t, double> losses_by_step(const std::filesystem::path& run_dir) {
-  std::map<int64_t, double> out;
-  for (auto& m : read_jsonl(run_dir / "metrics.jsonl"))
-    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
-  return out;
-}
-
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);

@@ -145,6 +145,12 @@ TEST(Guard, DeviceFaultsFromAReplayCountPerRank) {
   EXPECT_EQ(d.faulty_ranks, std::vector<int64_t>{1});
   EXPECT_NE(d.stop_message.find("rank 1 computed a wrong result 2 times"), std::string::npos)
       << d.stop_message;
+  // The job starts again without rank 1's device: the rank's next device starts with no count,
+  // rank 2's stays.
+  Guard requeued(test_config(), {"a", "b", "c", "d"});
+  requeued.load_state(g.state());
+  EXPECT_EQ(requeued.device_fault(it + 10, {1}, false, {}, "v").action, Action::kApply);
+  EXPECT_EQ(requeued.device_fault(it + 11, {2}, false, {}, "u").action, Action::kAbort);
 
   Guard fresh(test_config(), {"a", "b", "c", "d"});
   d = fresh.device_fault(warm(fresh), {3}, /*persistent=*/true, {}, "w");
