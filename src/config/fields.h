@@ -203,6 +203,7 @@ void visit(V& v, FaultSpec& c) {
   v.field("seconds", c.seconds);
   v.field("path", c.path);
   v.field("rank", c.rank);
+  v.field("host", c.host);
   v.field("period", c.period);
   v.field("persistent", c.persistent);
 }

@@ -342,8 +342,11 @@ struct FaultSpec {
   double factor = 1.0;
   // loader_stall duration; hang: how long (0: until killed); slow_rank: the delay in each step
   double seconds = 0.0;
-  std::string path;     // splice_data: a prepared dataset whose windows replace the data
-  int64_t rank = -1;    // only this rank is hit (-1: every rank)
+  std::string path;   // splice_data: a prepared dataset whose windows replace the data
+  int64_t rank = -1;  // only this rank is hit (-1: every rank)
+  // only the ranks on this host are hit (its name, as hostname prints it; empty: every host): a
+  // faulty device stays on its host when a job starts again elsewhere with other ranks there
+  std::string host;
   int64_t period = 10;  // repeat_data: the documents come back every `period` steps
   // corrupt_grad: the rank computes wrong every time (a replay of the step too), not once
   bool persistent = false;

@@ -22,9 +22,12 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include "common/error.h"
+#include "common/host_name.h"
 #include "common/log.h"
 
 namespace keel::distributed {
@@ -353,12 +356,6 @@ std::string local_address_towards(const std::string& master, int port) {
   return result;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
-
 }  // namespace
 
 std::string first_slurm_host(const std::string& nodelist) {
@@ -370,6 +367,29 @@ std::string first_slurm_host(const std::string& nodelist) {
   const std::string prefix = nodelist.substr(0, bracket);
   const size_t end = nodelist.find_first_of("-,]", bracket + 1);
   return prefix + nodelist.substr(bracket + 1, end - bracket - 1);
+}
+
+std::optional<int> slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
+  std::string_view rest(tasks_per_node);
+  while (!rest.empty() && node >= 0) {
+    const std::string_view entry = rest.substr(0, rest.find(','));
+    rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
+    int tasks = 0, repeat = 1;
+    auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+    if (ec != std::errc() || tasks < 1) return std::nullopt;
+    const std::string_view suffix(end, entry.data() + entry.size() - end);
+    if (!suffix.empty()) {  // "(xK)"
+      if (suffix.size() < 4 || suffix.substr(0, 2) != "(x" || suffix.back() != ')')
+        return std::nullopt;
+      auto [e2, ec2] =
+          std::from_chars(suffix.data() + 2, suffix.data() + suffix.size() - 1, repeat);
+      if (ec2 != std::errc() || e2 != suffix.data() + suffix.size() - 1 || repeat < 1)
+        return std::nullopt;
+    }
+    if (node < repeat) return tasks;
+    node -= repeat;
+  }
+  return std::nullopt;
 }
 
 LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv) {
@@ -401,6 +421,17 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv)
     e.world_size = int_var(getenv, "SLURM_NTASKS");
     e.local_rank = int_var(getenv, "SLURM_LOCALID", 0);
     e.local_world_size = int_var(getenv, "SLURM_NTASKS_PER_NODE", e.world_size);
+    for (const char* list : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+      if (!has(list)) continue;  // the step's list, else the job's
+      const auto tasks = slurm_tasks_on_node(getenv(list), int_var(getenv, "SLURM_NODEID", 0));
+      if (!tasks)
+        throw UserError(std::string("environment variable ") + list + "=" + getenv(list) +
+                        " names no task count for SLURM_NODEID " +
+                        std::to_string(int_var(getenv, "SLURM_NODEID", 0)) +
+                        " (as \"2(x3),1\" would)");
+      e.local_world_size = *tasks;
+      break;
+    }
     if (has("MASTER_ADDR")) {
       e.master_addr = getenv("MASTER_ADDR");
     } else if (has("SLURM_JOB_NODELIST") || has("SLURM_NODELIST")) {
@@ -454,7 +485,7 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env,
   const std::string address = is_loopback(env.master_addr)
                                   ? std::string()
                                   : local_address_towards(env.master_addr, env.master_port);
-  const std::string host = host_name() + (address.empty() ? "" : " (" + address + ")");
+  const std::string host = host_name("?") + (address.empty() ? "" : " (" + address + ")");
   if (!is_loopback(env.master_addr))
     prefixed->set(std::string(kHostKey) + std::to_string(env.rank),
                   std::vector<uint8_t>(host.begin(), host.end()));

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/host_name.h"
 
 namespace keel::monitor {
 namespace {
@@ -112,12 +113,6 @@ std::string summary_event(int64_t step, const std::string& value) {
   return event;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
@@ -137,8 +132,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   // run's file after the earlier ones. The counter separates writers of one process and second.
   char time_part[32];
   std::snprintf(time_part, sizeof time_part, "%010lld", static_cast<long long>(std::time(nullptr)));
-  const std::string stem = dir + "/events.out.tfevents." + time_part + "." + host_name() + "." +
-                           std::to_string(::getpid()) + ".";
+  const std::string stem = dir + "/events.out.tfevents." + time_part + "." +
+                           host_name("localhost") + "." + std::to_string(::getpid()) + ".";
   for (int n = 0; !file_; ++n) {
     path_ = stem + std::to_string(n);
     file_ = std::fopen(path_.c_str(), "wbx");  // x: O_EXCL, an existing file is never reused

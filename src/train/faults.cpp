@@ -13,10 +13,10 @@
 namespace keel::train {
 
 std::vector<config::FaultSpec> faults_for_rank(const std::vector<config::FaultSpec>& faults,
-                                               int rank) {
+                                               int rank, const std::string& host) {
   std::vector<config::FaultSpec> out;
   for (const auto& f : faults)
-    if (f.rank < 0 || f.rank == rank) out.push_back(f);
+    if ((f.rank < 0 || f.rank == rank) && (f.host.empty() || f.host == host)) out.push_back(f);
   return out;
 }
 

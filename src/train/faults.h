@@ -54,9 +54,10 @@
 
 namespace keel::train {
 
-// The faults that hit `rank` (faults[].rank: -1 for every rank).
+// The faults that hit `rank` on host `host` (faults[].rank: -1 for every rank; faults[].host: empty
+// for every host).
 std::vector<config::FaultSpec> faults_for_rank(const std::vector<config::FaultSpec>& faults,
-                                               int rank);
+                                               int rank, const std::string& host);
 
 class FaultInjector {
  public:

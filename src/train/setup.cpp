@@ -14,6 +14,7 @@
 #include "checkpoint/weight_parts.h"
 #include "common/error.h"
 #include "common/host_allocator.h"
+#include "common/host_name.h"
 #include "common/log.h"
 #include "config/validate.h"
 #include "data/loader.h"
@@ -91,9 +92,7 @@ torch::Device select_device(config::Device requested, int local_rank) {
 // Every rank's "host device", in rank order: what a hardware_fault event names. One gather of
 // fixed-length character codes at the start.
 std::vector<std::string> rank_hosts(distributed::Communicator& comm, const torch::Device& device) {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') name[0] = '?';
-  const std::string mine = std::string(name) + " " + device.str();
+  const std::string mine = host_name("?") + " " + device.str();
   constexpr int64_t kChars = 128;
   std::vector<int64_t> codes(kChars, 0);
   for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kChars); ++i)
@@ -222,9 +221,9 @@ void Trainer::State::build() {
           .clone();
   if (auto* synthetic = dynamic_cast<data::SyntheticSource*>(feed.train_data.get()))
     record.loss_floor = synthetic->chain().entropy_rate();
-  launch.faults =
-      std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank), cfg.data.grad_accum_steps,
-                                      cfg.model.vocab_size, cfg.run.seed + rank);
+  launch.faults = std::make_unique<FaultInjector>(faults_for_rank(cfg.faults, rank, host_name("?")),
+                                                  cfg.data.grad_accum_steps, cfg.model.vocab_size,
+                                                  cfg.run.seed + rank);
   feed.samples_per_step = cfg.data.micro_batch_size * cfg.data.grad_accum_steps * world;
   feed.tokens_per_step = feed.samples_per_step * cfg.model.seq_len;
   if (cfg.stability.enabled)

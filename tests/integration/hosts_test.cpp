@@ -1,6 +1,5 @@
-// One job across hosts (issue 50). The hosts are network namespaces of this machine joined by a
-// virtual link, each with an address of its own; the test makes and removes them and uses no
-// other address. Where namespaces cannot be made (no CAP_SYS_ADMIN, no `ip`), the tests skip
+// One job across hosts (issue 50): two test hosts (test_hosts.h), network namespaces of this
+// machine with an address and a hostname each. Where namespaces cannot be made, the tests skip
 // saying so. The filesystem is shared, as a cluster's checkpoint directory is.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -15,59 +14,12 @@
 #include <vector>
 
 #include "harness.h"
+#include "test_hosts.h"
 
 namespace keel::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Two hosts: namespaces keel_h<pid>_0 and _1 with addresses 10.231.<pid % 250>.1 and .2.
-class TestHosts {
- public:
-  TestHosts() {
-    const std::string id = std::to_string(::getpid());
-    for (int h = 0; h < 2; ++h) {
-      names_.push_back("keel_h" + id + "_" + std::to_string(h));
-      links_.push_back("kh" + id + "_" + std::to_string(h));
-      addresses_.push_back("10.231." + std::to_string(::getpid() % 250) + "." +
-                           std::to_string(h + 1));
-    }
-    const std::string script =
-        "set -e; ip netns add " + names_[0] + "; ip netns add " + names_[1] + "; ip link add " +
-        links_[0] + " type veth peer name " + links_[1] + "; ip link set " + links_[0] + " netns " +
-        names_[0] + "; ip link set " + links_[1] + " netns " + names_[1] + "; ip -n " + names_[0] +
-        " addr add " + addresses_[0] + "/24 dev " + links_[0] + "; ip -n " + names_[1] +
-        " addr add " + addresses_[1] + "/24 dev " + links_[1] + "; ip -n " + names_[0] +
-        " link set " + links_[0] + " up; ip -n " + names_[1] + " link set " + links_[1] +
-        " up; ip -n " + names_[0] + " link set lo up; ip -n " + names_[1] + " link set lo up";
-    const auto r = run_shell("bash -c '" + script + "'");
-    ok_ = r.exit_code == 0;
-    if (!ok_) why_not_ = r.output;
-  }
-  ~TestHosts() {
-    for (const auto& n : names_) run_shell("ip netns del " + n);  // the link goes with them
-  }
-  bool ok() const { return ok_; }
-  const std::string& why_not() const { return why_not_; }
-  const std::string& address(int h) const { return addresses_[h]; }
-  // A shell command that runs `command` on host h.
-  std::string on(int h, const std::string& command) const {
-    return "ip netns exec " + names_[h] + " " + command;
-  }
-  void link_down(int h) const {
-    run_shell("ip -n " + names_[h] + " link set " + links_[h] + " down");
-  }
-
- private:
-  std::vector<std::string> names_, links_, addresses_;
-  bool ok_ = false;
-  std::string why_not_;
-};
-
-#define REQUIRE_HOSTS(hosts)                                                           \
-  if (!(hosts).ok())                                                                   \
-  GTEST_SKIP() << "network namespaces cannot be made here (needs root and iproute2): " \
-               << (hosts).why_not()
 
 // A host's `keel launch`, in the background: its pid, its output file, and how it ended.
 struct HostLaunch {
@@ -169,10 +121,10 @@ TEST(Hosts, TwoHostsOfTwoRanksTrainAsOneHostOfFour) {
 
 // The same job under torchrun's own multi-node launch: an agent per host, its c10d rendezvous on
 // the first host's address (that host's agent hosts the store: is_host), node ranks assigned by the
-// rendezvous. keel's ranks join the agent's store; the losses equal one host's four ranks', bit for
-// bit. --local_addr: the test hosts share this machine's hostname, which resolves to an address
-// neither can reach, and torchrun gives rank 0's agent address as MASTER_ADDR (without it the
-// workers wait forever). Skipped without the setup's torchrun.
+// rendezvous, rank 0's agent naming itself to the workers as MASTER_ADDR by its hostname (which
+// each test host's /etc/hosts resolves, as a cluster's DNS does). keel's ranks join the agent's
+// store; the losses equal one host's four ranks', bit for bit. Skipped without the setup's
+// torchrun.
 TEST(Hosts, TorchrunAcrossTwoHostsTrainsAsOneHostOfFour) {
   const std::string torchrun = setup_env_program("torchrun");
   if (torchrun.empty()) GTEST_SKIP() << "torchrun not found in the set-up's environment";
@@ -183,8 +135,7 @@ TEST(Hosts, TorchrunAcrossTwoHostsTrainsAsOneHostOfFour) {
   auto agent = [&](int host) {
     return torchrun + " --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint " +
            hosts.address(0) + ":29400 --rdzv_id keel_hosts_test --rdzv_conf is_host=" +
-           (host == 0 ? "true" : "false") + " --local_addr " + hosts.address(host) +
-           " --no-python " + kKeelBinary + " " + train;
+           (host == 0 ? "true" : "false") + " --no-python " + kKeelBinary + " " + train;
   };
   const auto a = HostLaunch::run_on(hosts, 0, agent(0), two.path());
   const auto b = HostLaunch::run_on(hosts, 1, agent(1), two.path());

@@ -5,129 +5,41 @@
 // checkpoint and exits, and the same script submitted again continues bit-exactly. The test skips,
 // saying why, where the daemons cannot start.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <thread>
 
+#include "common/host_name.h"
 #include "harness.h"
+#include "slurm_daemons.h"
 
 namespace keel::testing {
 namespace {
 namespace fs = std::filesystem;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  std::string s = name;
-  return s.substr(0, s.find('.'));
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), {}};
+// This machine's short name: the Slurm node's.
+std::string short_host_name() {
+  const std::string name = keel::host_name("localhost");
+  return name.substr(0, name.find('.'));
 }
 
 class SlurmCluster : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* program : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged",
-                                "/usr/bin/srun", "/usr/bin/sbatch"})
-      if (!fs::exists(program))
-        GTEST_SKIP() << program << " is missing: scripts/setup.sh installs slurm-wlm and munge";
-    if (::geteuid() != 0) GTEST_SKIP() << "slurmd runs jobs as their user only as root here";
-    const fs::path d = dir_.path();
-    for (const char* sub : {"spool", "state", "log", "run"}) fs::create_directories(d / sub);
-    {
-      std::ofstream key(d / "munge.key", std::ios::binary);
-      for (int i = 0; i < 1024; ++i) key.put(static_cast<char>((i * 7919 + ::getpid()) & 0xff));
-    }
-    fs::permissions(d / "munge.key", fs::perms::owner_read | fs::perms::owner_write);
-    const std::string socket = (d / "run/munge.sock").string();
-    auto r = run_shell("/usr/sbin/munged -f --socket=" + socket +
-                       " --key-file=" + (d / "munge.key").string() +
-                       " --log-file=" + (d / "log/munged.log").string() +
-                       " --pid-file=" + (d / "run/munged.pid").string() +
-                       " --seed-file=" + (d / "run/munged.seed").string());
-    if (r.exit_code != 0) GTEST_SKIP() << "munged does not start: " << r.output;
-    const std::string host = host_name();
-    std::ofstream(d / "slurm.conf")
-        << "ClusterName=keeltest\nSlurmctldHost=" << host << "(127.0.0.1)\n"
-        << "SlurmctldPort=" << free_port() << "\nSlurmdPort=" << free_port() << "\n"
-        << "SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
-        << "AuthInfo=socket=" << socket << "\n"
-        << "StateSaveLocation=" << (d / "state").string() << "\n"
-        << "SlurmdSpoolDir=" << (d / "spool").string() << "\n"
-        << "SlurmctldPidFile=" << (d / "run/slurmctld.pid").string() << "\n"
-        << "SlurmdPidFile=" << (d / "run/slurmd.pid").string() << "\n"
-        << "SlurmctldLogFile=" << (d / "log/slurmctld.log").string() << "\n"
-        << "SlurmdLogFile=" << (d / "log/slurmd.log").string() << "\n"
-        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
-        << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
-        << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
-        << "ReturnToService=2\nKillWait=10\nInactiveLimit=0\nMinJobAge=300\n"
-        << "NodeName=" << host
-        << " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
-        // A second node that is down (nothing listens at its port): a job that leaves this host
-        // out can still be submitted, and waits.
-        << "NodeName=keelspare NodeAddr=127.0.0.1 Port=" << free_port() << " CPUs=2 State=DOWN\n"
-        << "PartitionName=keel Nodes=" << host
-        << ",keelspare Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
-    conf_ = (d / "slurm.conf").string();
-    ::setenv("SLURM_CONF", conf_.c_str(), 1);
-    r = run_shell("/usr/sbin/slurmctld -f " + conf_ + " -i && /usr/sbin/slurmd -f " + conf_);
-    if (r.exit_code != 0) GTEST_SKIP() << "the Slurm daemons do not start: " << r.output;
-    started_ = true;
-    for (int i = 0; i < 100; ++i) {
-      if (run_shell("sinfo -h -o %t").output.find("idle") != std::string::npos) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    GTEST_SKIP() << "the node never became idle:\n"
-                 << slurp(d / "log/slurmctld.log") << slurp(d / "log/slurmd.log");
+    // This machine on loopback, and a second node that is down (nothing listens at its port): a
+    // job that leaves this host out can still be submitted, and waits.
+    const std::string why_not = slurm_.start(
+        {{short_host_name(), "127.0.0.1"}, {"keelspare", "127.0.0.1", free_port(), true}}, 2,
+        [](int, const std::string& command) { return command; });
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
   }
 
-  void TearDown() override {
-    const fs::path d = dir_.path();
-    if (started_) run_shell("scancel --full --signal=KILL --partition=keel");
-    for (const char* pid_file : {"run/slurmd.pid", "run/slurmctld.pid", "run/munged.pid"}) {
-      std::ifstream in(d / pid_file);
-      if (int pid = 0; in >> pid && pid > 0) ::kill(pid, SIGTERM);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    ::unsetenv("SLURM_CONF");
-  }
-
-  // Waits until job `id` has left the queue; false after `seconds`.
-  bool wait_for_job(const std::string& id, int seconds) {
-    for (int i = 0; i < seconds * 5; ++i) {
-      if (run_shell("squeue -h -j " + id).output.find(id) == std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
+  bool wait_for_job(const std::string& id, int seconds) { return slurm_.wait_for_job(id, seconds); }
 
   ScratchDir dir_{"slurm_cluster"};
-  std::string conf_;
-  bool started_ = false;
+  SlurmDaemons slurm_{dir_.path() / "cluster"};
 };
 
 // A tiny run on loopback: the embedded config, every step logged, a constant lr so that a run's
@@ -142,13 +54,6 @@ std::string run_args(const std::string& run_dir, int steps) {
   return "--run-dir " + run_dir + train_sets(steps);
 }
 
-std::map<int64_t, double> losses_of(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  for (auto& m : read_jsonl(run_dir / "metrics.jsonl"))
-    out[m["step"].get<int64_t>()] = m["loss"].get<double>();
-  return out;
-}
-
 TEST_F(SlurmCluster, SrunTrainsAsKeelLaunchDoes) {
   const fs::path d = dir_.path();
   const std::string port = std::to_string(free_port());
@@ -158,7 +63,7 @@ TEST_F(SlurmCluster, SrunTrainsAsKeelLaunchDoes) {
   EXPECT_NE(r.output.find("rank 0 of 2 (0 from slurm)"), std::string::npos) << r.output;
   r = run_keel("launch --nproc 2 -- train " + run_args((d / "launch").string(), 20));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto a = losses_of(d / "srun"), b = losses_of(d / "launch");
+  const auto a = losses_by_step(d / "srun"), b = losses_by_step(d / "launch");
   ASSERT_EQ(a.size(), 20u);
   EXPECT_EQ(a, b);
 }
@@ -178,7 +83,7 @@ TEST_F(SlurmCluster, ATimeLimitCheckpointsAndTheResubmittedJobContinuesBitExactl
                        (d / "job-%j.out").string() + " " + script + " " +
                        source_path("configs/tiny.yaml") + " " + run + train_sets(steps));
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    return r.output.substr(0, r.output.find_first_of(";\n"));
+    return job_id(r.output);
   };
   const std::string first = submit(1000000);
   ASSERT_TRUE(wait_for_job(first, 120)) << "job " << first << " still queued or running";
@@ -197,7 +102,7 @@ TEST_F(SlurmCluster, ATimeLimitCheckpointsAndTheResubmittedJobContinuesBitExactl
   auto r = run_keel("launch --nproc 2 -- train " + source_path("configs/tiny.yaml") + " " +
                     run_args((d / "ref").string(), static_cast<int>(stopped) + 10));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto expected = losses_of(d / "ref"), got = losses_of(run);
+  const auto expected = losses_by_step(d / "ref"), got = losses_by_step(run);
   ASSERT_EQ(got.size(), expected.size()) << out2;
   for (const auto& [step, loss] : expected) EXPECT_EQ(got.at(step), loss) << "step " << step;
 }
@@ -218,7 +123,7 @@ TEST_F(SlurmCluster, AFaultyDeviceSubmitsTheJobAgainWithoutItsHost) {
       " --set 'faults=[{kind: corrupt_grad, at_step: 20, rank: 1, persistent: "
       "true}]'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string first = r.output.substr(0, r.output.find_first_of(";\n"));
+  const std::string first = job_id(r.output);
   ASSERT_TRUE(wait_for_job(first, 120)) << "job " << first << " still queued or running";
   const std::string out = slurp(d / ("faulty-" + first + ".out"));
   EXPECT_NE(out.find("a faulty device"), std::string::npos) << out;
@@ -232,6 +137,10 @@ TEST_F(SlurmCluster, AFaultyDeviceSubmitsTheJobAgainWithoutItsHost) {
   EXPECT_NE(r.output.find("ExcNodeList=" + host.substr(0, host.find('\n'))), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("NumTasks=2"), std::string::npos) << r.output;
+  // Its log goes where this job's went (--output=DIR/faulty-%j.out).
+  EXPECT_NE(r.output.find("StdOut=" + (d / ("faulty-" + next + ".out")).string()),
+            std::string::npos)
+      << r.output;
   run_shell("scancel " + next);
   EXPECT_TRUE(std::filesystem::exists(fs::path(run) / "checkpoints/step_00000020")) << out;
 }
@@ -250,12 +159,12 @@ TEST_F(SlurmCluster, APrepareArrayAndItsMergeWriteTheDatasetOfOneRun) {
                      (d / "prepare-%A_%a.out").string() + " " + script + " " +
                      (d / "parts").string() + " --input " + fortunes + flags);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string array = r.output.substr(0, r.output.find_first_of(";\n"));
+  const std::string array = job_id(r.output);
   r = run_shell(env + "sbatch --parsable --dependency=afterok:" + array +
                 " --output=" + (d / "merge-%j.out").string() + " " + script + " --merge " +
                 (d / "parts").string() + " --output " + (d / "merged").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string merge = r.output.substr(0, r.output.find_first_of(";\n"));
+  const std::string merge = job_id(r.output);
   ASSERT_TRUE(wait_for_job(merge, 180)) << "job " << merge << " still queued or running";
   std::string logs;
   for (const auto& e : fs::directory_iterator(d))
@@ -276,7 +185,7 @@ TEST_F(SlurmCluster, APrepareArrayAndItsMergeWriteTheDatasetOfOneRun) {
                 (d / "rerun-%A_%a.out").string() + " " + script + " " + (d / "parts").string() +
                 " --input " + fortunes + flags + " --overwrite");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string rerun = r.output.substr(0, r.output.find_first_of(";\n"));
+  const std::string rerun = job_id(r.output);
   ASSERT_TRUE(wait_for_job(rerun, 180)) << "job " << rerun << " still queued or running";
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(d / "parts")) names.push_back(e.path().filename());

@@ -62,6 +62,24 @@ TEST(LaunchEnv, ReadsSlurmsVariablesAndTheFirstHost) {
   EXPECT_EQ(first_slurm_host("b[12,14]"), "b12");
 }
 
+// The ranks on this host, where srun gives no SLURM_NTASKS_PER_NODE (`srun -N 2 -n 5`): this
+// node's count in the step's tasks-per-node list; the step's list wins over the job's.
+TEST(LaunchEnv, SlurmsRanksOnThisHostComeFromItsTasksPerNodeList) {
+  const LaunchEnv e = from({{"SLURM_PROCID", "4"},
+                            {"SLURM_NTASKS", "5"},
+                            {"SLURM_NODEID", "1"},
+                            {"SLURM_TASKS_PER_NODE", "4,4"},
+                            {"SLURM_STEP_TASKS_PER_NODE", "3,2"},
+                            {"SLURM_JOB_NODELIST", "n[1-2]"}});
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), std::nullopt);
+  EXPECT_EQ(slurm_tasks_on_node("2(x", 0), std::nullopt);
+  EXPECT_EQ(slurm_tasks_on_node("two", 0), std::nullopt);
+}
+
 // A missing or malformed variable is the user's mistake, named.
 TEST(LaunchEnv, MissingOrMalformedVariablesNameThemselves) {
   auto message = [](const std::map<std::string, std::string>& vars) {

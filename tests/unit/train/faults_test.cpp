@@ -17,6 +17,21 @@ config::FaultSpec fault(config::FaultKind kind, int64_t at, int64_t steps) {
   return f;
 }
 
+// faults[].rank and faults[].host narrow a fault down together; each left unset spares nobody.
+TEST(FaultsForRank, ARankAndAHostEachNarrowTheFaultsDown) {
+  auto any = fault(config::FaultKind::kNanGrad, 1, 1);
+  auto rank1 = any, on_b = any, rank1_on_b = any;
+  rank1.rank = 1;
+  on_b.host = "b";
+  rank1_on_b.rank = 1;
+  rank1_on_b.host = "b";
+  const std::vector<config::FaultSpec> all{any, rank1, on_b, rank1_on_b};
+  EXPECT_EQ(faults_for_rank(all, 0, "a"), (std::vector<config::FaultSpec>{any}));
+  EXPECT_EQ(faults_for_rank(all, 1, "a"), (std::vector<config::FaultSpec>{any, rank1}));
+  EXPECT_EQ(faults_for_rank(all, 0, "b"), (std::vector<config::FaultSpec>{any, on_b}));
+  EXPECT_EQ(faults_for_rank(all, 1, "b"), all);
+}
+
 data::Batch batch_at(int64_t position) {
   data::Batch b;
   b.tokens = torch::full({2, 5}, position, torch::kInt64);
