@@ -117,16 +117,20 @@ TEST(Guard, ReplicasThatDisagreeSkipTheStepAndAFaultyDeviceStopsTheRun) {
   EXPECT_EQ(d.action, Action::kSkip);
   EXPECT_TRUE(d.events[0].detail["ranks"].empty()) << "two ranks: no majority, none blamed";
   EXPECT_EQ(g.grad_norm_median(), median);
+  // The count is part of the guard's state: a resume keeps it.
+  Guard resumed(test_config(), {"a", "b", "c", "d"});
+  resumed.load_state(g.state());
   s.iteration += 1;
   d = g.replicas_disagree(s, {1.0, 2.0});
   EXPECT_EQ(d.action, Action::kAbort);
   EXPECT_EQ(d.faulty_ranks, (std::vector<int64_t>{0, 1})) << "both suspects, twice each";
   EXPECT_NE(d.stop_message.find("a faulty device"), std::string::npos) << d.stop_message;
-  // The count is part of the guard's state: a resume keeps it.
-  Guard resumed(test_config(), {"a", "b", "c", "d"});
-  resumed.load_state(g.state());
-  s.iteration += 1;
   EXPECT_EQ(resumed.replicas_disagree(s, {1.0, 2.0}).action, Action::kAbort);
+  // The stop drops the count of the devices it names: the job starts again without them.
+  Guard requeued(test_config(), {"a", "b", "c", "d"});
+  requeued.load_state(g.state());
+  s.iteration += 1;
+  EXPECT_EQ(requeued.replicas_disagree(s, {1.0, 2.0}).action, Action::kSkip);
 }
 
 // A replay's verdict: a transient fault is on record and the run goes on; the same rank again
