@@ -423,11 +423,11 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv)
     e.local_world_size = int_var(getenv, "SLURM_NTASKS_PER_NODE", e.world_size);
     for (const char* list : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
       if (!has(list)) continue;  // the step's list, else the job's
-      const auto tasks = slurm_tasks_on_node(getenv(list), int_var(getenv, "SLURM_NODEID", 0));
+      const int node = int_var(getenv, "SLURM_NODEID", 0);
+      const auto tasks = slurm_tasks_on_node(getenv(list), node);
       if (!tasks)
         throw UserError(std::string("environment variable ") + list + "=" + getenv(list) +
-                        " names no task count for SLURM_NODEID " +
-                        std::to_string(int_var(getenv, "SLURM_NODEID", 0)) +
+                        " names no task count for SLURM_NODEID " + std::to_string(node) +
                         " (as \"2(x3),1\" would)");
       e.local_world_size = *tasks;
       break;
